@@ -1,0 +1,46 @@
+# python-compiled-autograd: a patch set for torch 2.13.0, shipped as a patched wheel.
+# See docs/build.md. Every target is incremental: running it twice does the work once.
+
+PYTHON ?= python3
+SHARED ?= ../shared
+VENV ?= .venv
+# Extra options for build_scripts/build_wheel.py (see its --help), e.g.
+#   make build BUILD_ARGS="--patches-dir /tmp/p --overlay-dir /tmp/o"
+BUILD_ARGS ?=
+
+VENV_PYTHON := $(VENV)/bin/python
+TEST_ENV := PCA_SHARED=$(abspath $(SHARED))
+
+.PHONY: all build verify install run test check-build-scripts clean distclean
+
+all: build
+
+build:
+	$(PYTHON) build_scripts/build_wheel.py $(BUILD_ARGS)
+
+# Full RECORD/hash/version check of dist/*.whl (~5 s); the build does not need it.
+verify: build
+	$(PYTHON) build_scripts/verify_wheel.py dist
+
+install: build
+	$(PYTHON) build_scripts/install_venv.py --venv $(VENV) --python $(PYTHON) \
+		--dist-dir dist --requirements requirements-test.txt
+
+run: install
+	@test -f bench/demo.py || { echo "make run: bench/demo.py does not exist yet (it is written with the benchmarks in bench/)" >&2; exit 1; }
+	$(TEST_ENV) $(VENV_PYTHON) bench/demo.py
+
+# pytest exits 5 when it collects no test: that fails here on purpose, so CI never
+# passes without running tests.
+test: install
+	$(TEST_ENV) $(VENV_PYTHON) -m pytest test -q
+
+# Unit tests of the build scripts themselves (standard library only, ~1 s).
+check-build-scripts:
+	$(PYTHON) -m unittest discover -s build_scripts/tests -t build_scripts -b
+
+clean:
+	rm -rf build dist
+
+distclean: clean
+	rm -rf $(VENV)
