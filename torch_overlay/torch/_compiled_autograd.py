@@ -1,0 +1,492 @@
+"""The Python compiled autograd engine.
+
+With the engine enabled, every backward pass goes through three steps:
+
+1. libtorch's autograd engine hands the graph to ``torch._compiled_autograd_C``,
+   which collects the nodes that run, in the order the eager engine would run
+   them, together with what they saved: tensors, sizes, scalars and hooks.
+2. The structure of all that is the cache key. On a miss, :func:`capture`
+   symbolically traces :func:`python_autograd` with ``torch.fx`` Proxies
+   standing for the saved values -- no FakeTensors, no make_fx -- into a graph
+   of calls to the backward ops defined below, and hands it to the user's
+   ``compiler_fn`` (typically ``torch.compile``).
+3. The compiled graph runs on the real saved values. Its ops find the autograd
+   nodes by index in the backward being executed.
+
+Example::
+
+    >>> import torch
+    >>> x = torch.ones(3, requires_grad=True)
+    >>> with torch._dynamo.compiled_autograd.enable(lambda gm: gm):
+    ...     (x * x).sum().backward()
+    >>> x.grad
+    tensor([2., 2., 2.])
+
+``torch._dynamo.config.compiled_autograd_engine = "legacy"`` selects the
+upstream engine instead (torch/_dynamo/compiled_autograd.py).
+"""
+
+import dataclasses
+import enum
+import logging
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
+
+import torch
+import torch.fx
+from torch import _compiled_autograd_C as _C
+from torch._dynamo.utils import counters
+from torch._logging import getArtifactLogger
+
+
+__all__ = ["BackwardNode", "NodeKind", "capture", "python_autograd"]
+
+log = getArtifactLogger(__name__, "compiled_autograd")
+verbose_log = getArtifactLogger(__name__, "compiled_autograd_verbose")
+
+
+class NodeKind(enum.IntEnum):
+    """How the captured graph runs a node (mirrors NodeKind in backward_graph.h)."""
+
+    APPLY_WITH_SAVED = 0
+    APPLY_WITH_SAVED_DYNAMO_DISABLED = 1
+    EAGER = 2
+    ACCUMULATE_GRAD = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class BackwardNode:
+    """One autograd node of a backward pass, as collected in C++.
+
+    Gradients flow into ``num_inputs`` slots and out along ``next_edges``:
+    ``(position of the target node, its input slot)``, or None where nothing
+    receives them. Index fields point into the lists the graph receives:
+    ``saved_tensors`` into ``tensors``; ``saved_sizes``, ``edge_sizes`` and
+    ``saved_scalars`` are ``[begin, end)`` ranges of ``sizes`` and
+    ``scalars``; hook fields index ``hooks``, except C++ tensor pre-hooks
+    (``is_python`` False), which the node keeps itself.
+    """
+
+    name: str
+    kind: NodeKind
+    num_inputs: int
+    needed: bool
+    next_edges: tuple[Optional[tuple[int, int]], ...]
+    captures: tuple[tuple[int, int], ...]
+    tensor_pre_hooks: tuple[tuple[bool, int, int], ...]
+    pre_hooks: tuple[int, ...]
+    post_hooks: tuple[int, ...]
+    post_acc_grad_hooks: tuple[int, ...]
+    saved_tensors: tuple[int, ...]
+    saved_sizes: tuple[int, int]
+    edge_sizes: tuple[int, int]
+    saved_scalars: tuple[int, int]
+
+    @staticmethod
+    def from_collected(collected: dict[str, Any]) -> "BackwardNode":
+        def tuples(items: Sequence[Any]) -> tuple[Any, ...]:
+            return tuple(tuple(i) if isinstance(i, (list, tuple)) else i for i in items)
+
+        return BackwardNode(
+            name=collected["name"],
+            kind=NodeKind(collected["kind"]),
+            num_inputs=collected["num_inputs"],
+            needed=collected["needed"],
+            next_edges=tuples(collected["next_edges"]),
+            captures=tuples(collected["captures"]),
+            tensor_pre_hooks=tuples(collected["tensor_pre_hooks"]),
+            pre_hooks=tuple(collected["pre_hooks"]),
+            post_hooks=tuple(collected["post_hooks"]),
+            post_acc_grad_hooks=tuple(collected["post_acc_grad_hooks"]),
+            saved_tensors=tuple(collected["saved_tensors"]),
+            saved_sizes=tuple(collected["saved_sizes"]),
+            edge_sizes=tuple(collected["edge_sizes"]),
+            saved_scalars=tuple(collected["saved_scalars"]),
+        )
+
+
+# ---------------------------------------------------------------------------
+# The engine loop
+# ---------------------------------------------------------------------------
+
+
+def python_autograd(
+    nodes: Sequence[BackwardNode],
+    num_outputs: int,
+    tensors: Sequence[Any],
+    sizes: Sequence[Any],
+    scalars: Sequence[Any],
+    hooks: Sequence[Any],
+    ops: Any = None,
+) -> list[Any]:
+    """Runs a backward pass: the eager engine's loop, one node at a time.
+
+    ``nodes`` are in the order the eager engine runs them, so every node's
+    input buffer is complete when its turn comes. ``ops`` provides the backward
+    ops (this module by default); :func:`capture` passes a recorder instead,
+    and with Proxies for ``tensors``, ``sizes``, ``scalars`` and ``hooks`` the
+    loop unrolls into an fx graph. Returns the gradients ``autograd.grad``
+    asked for (``num_outputs`` of them).
+    """
+    ops = ops if ops is not None else _RUNTIME_OPS
+    buffers: list[Optional[list[Any]]] = [[None] * n.num_inputs for n in nodes]
+    graph_outputs: list[Any] = [None] * num_outputs
+
+    for node_idx, node in enumerate(nodes):
+        grads = buffers[node_idx]
+        buffers[node_idx] = None
+        assert grads is not None
+        if node.needed:
+            # The eager engine hands out a needed node's gradient before its
+            # tensor pre-hooks run, and a capture-only node's after.
+            _return_captured_grads(graph_outputs, node, grads)
+        for is_python, hook_idx, input_nr in node.tensor_pre_hooks:
+            if is_python:
+                grads[input_nr] = ops.call_hook(
+                    hooks[hook_idx], grads[input_nr], hook_type="tensor_pre_hook"
+                )
+            else:
+                grads[input_nr] = ops.call_cpp_tensor_pre_hook(
+                    node_idx, hook_idx, grads[input_nr]
+                )
+        if not node.needed:
+            _return_captured_grads(graph_outputs, node, grads)
+            continue
+
+        for hook_idx in node.pre_hooks:
+            grads = _unpack(
+                ops.call_hook(hooks[hook_idx], grads, hook_type="pre_hook"),
+                node.num_inputs,
+            )
+        outputs = _apply(ops, node_idx, node, grads, tensors, sizes, scalars, hooks)
+        for hook_idx in node.post_hooks:
+            outputs = ops.call_hook(
+                hooks[hook_idx], outputs, grads, hook_type="post_hook"
+            )
+
+        for output_nr, edge in enumerate(node.next_edges):
+            if edge is None:
+                continue
+            target, input_nr = edge
+            buffer = buffers[target]
+            assert buffer is not None, "next edge points to a node that already ran"
+            output = outputs[output_nr]
+            buffer[input_nr] = (
+                output
+                if buffer[input_nr] is None
+                else ops.accumulate(buffer[input_nr], output)
+            )
+    return graph_outputs
+
+
+def _return_captured_grads(
+    graph_outputs: list[Any], node: BackwardNode, grads: list[Any]
+) -> None:
+    for input_nr, output_idx in node.captures:
+        graph_outputs[output_idx] = grads[input_nr]
+
+
+def _unpack(values: Any, count: int) -> list[Any]:
+    """A list of ``count`` elements from a list, or from a Proxy of one."""
+    return [values[i] for i in range(count)]
+
+
+def _apply(
+    ops: Any,
+    node_idx: int,
+    node: BackwardNode,
+    grads: list[Any],
+    tensors: Sequence[Any],
+    sizes: Sequence[Any],
+    scalars: Sequence[Any],
+    hooks: Sequence[Any],
+) -> Any:
+    """Runs one node; returns its outputs, one per next edge."""
+    if node.kind == NodeKind.ACCUMULATE_GRAD:
+        variable = tensors[node.saved_tensors[0]] if node.saved_tensors else None
+        if variable is not None:
+            ops.accumulate_grad(variable, grads[0])
+        for hook_idx in node.post_acc_grad_hooks:
+            ops.call_hook(hooks[hook_idx], variable, hook_type="post_acc_grad_hook")
+        return []
+    if node.kind == NodeKind.EAGER:
+        return ops.apply_eagerly(node_idx, grads)
+    apply = (
+        ops.apply_with_saved
+        if node.kind == NodeKind.APPLY_WITH_SAVED
+        else ops.apply_with_saved_dynamo_disabled
+    )
+    outputs = apply(
+        node_idx,
+        grads,
+        [tensors[i] for i in node.saved_tensors],
+        _slice(sizes, node.saved_sizes),
+        _slice(scalars, node.saved_scalars),
+    )
+    return ops.validate_outputs(node_idx, outputs, _slice(sizes, node.edge_sizes))
+
+
+def _slice(values: Sequence[Any], span: tuple[int, int]) -> Sequence[Any]:
+    begin, end = span
+    return values[begin:end] if end > begin else []
+
+
+# ---------------------------------------------------------------------------
+# Backward ops: what the captured graph calls
+# ---------------------------------------------------------------------------
+
+
+@torch._dynamo.allow_in_graph
+def apply_with_saved(
+    node_idx: int,
+    grads: list[Optional[torch.Tensor]],
+    saved_tensors: list[torch.Tensor],
+    saved_sizes: list[int],
+    saved_scalars: list[Any],
+) -> list[Optional[torch.Tensor]]:
+    """Applies node ``node_idx`` of the running backward to ``grads``, with
+    its saved tensors, sizes and scalars replaced by the given ones.
+
+    Dynamo keeps this call in its graph; AOTAutograd traces through it into
+    the node's aten ops.
+    """
+    return _C.apply_with_saved(node_idx, grads, saved_tensors, saved_sizes, saved_scalars)
+
+
+@torch._dynamo.disable
+def apply_with_saved_dynamo_disabled(
+    node_idx: int,
+    grads: list[Optional[torch.Tensor]],
+    saved_tensors: list[torch.Tensor],
+    saved_sizes: list[int],
+    saved_scalars: list[Any],
+) -> list[Optional[torch.Tensor]]:
+    """apply_with_saved behind a Dynamo graph break: for C++ autograd
+    Functions declared ``is_traceable = false``, which run eagerly."""
+    return _C.apply_with_saved(node_idx, grads, saved_tensors, saved_sizes, saved_scalars)
+
+
+@torch._dynamo.allow_in_graph
+def validate_outputs(
+    node_idx: int,
+    outputs: list[Optional[torch.Tensor]],
+    edge_sizes: list[int],
+) -> list[Optional[torch.Tensor]]:
+    """The eager engine's checks and fix-ups of a node's outputs (shape,
+    dtype, device) against what the next nodes expect; ``edge_sizes`` are the
+    expected shapes."""
+    return _C.validate_outputs(node_idx, outputs, edge_sizes)
+
+
+@torch._dynamo.disable
+def apply_eagerly(
+    node_idx: int, grads: list[Optional[torch.Tensor]]
+) -> list[Optional[torch.Tensor]]:
+    """Runs node ``node_idx`` itself, on its own saved values, behind a
+    Dynamo graph break (Python autograd.Functions), and validates its
+    outputs."""
+    return _C.apply_eagerly(node_idx, grads)
+
+
+@torch._dynamo.disable
+def call_cpp_tensor_pre_hook(
+    node_idx: int, hook_idx: int, grad: Optional[torch.Tensor]
+) -> Optional[torch.Tensor]:
+    """Runs a C++ tensor pre-hook of node ``node_idx`` (e.g. retain_grad)."""
+    if grad is None:
+        return None
+    return _C.call_cpp_tensor_pre_hook(node_idx, hook_idx, grad)
+
+
+def call_hook(hook: Callable[..., Any], *args: Any, hook_type: str) -> Any:
+    """Calls a Python hook the way the eager engine does: node pre- and
+    post-hooks see tuples, and a hook returning None changes nothing."""
+    if hook_type == "pre_hook":
+        (grads,) = args
+        result = hook(tuple(grads))
+        return list(grads) if result is None else list(result)
+    if hook_type == "post_hook":
+        outputs, grads = args
+        result = hook(tuple(outputs), tuple(grads))
+        return list(outputs) if result is None else list(result)
+    result = hook(*args)
+    if hook_type == "post_acc_grad_hook":
+        if result is not None:
+            raise RuntimeError("Tensor post accumulate grad hooks should return None.")
+        return None
+    return args[0] if result is None else result
+
+
+def accumulate(
+    old: Optional[torch.Tensor], new: Optional[torch.Tensor]
+) -> Optional[torch.Tensor]:
+    """Adds a gradient into an input buffer slot; None is no gradient."""
+    if old is None:
+        return new
+    if new is None:
+        return old
+    return old + new
+
+
+def accumulate_grad(variable: torch.Tensor, grad: Optional[torch.Tensor]) -> None:
+    """AccumulateGrad: adds ``grad`` into ``variable.grad``.
+
+    Run eagerly, this is libtorch's AccumulateGrad::accumulateGrad (gradient
+    layout contract, in-place accumulation, sparse gradients). Under Dynamo,
+    inductor.accumulate_grad_ becomes Dynamo's polyfill of the same rules,
+    which it can fuse.
+    """
+    if grad is None:
+        return
+    if torch.compiler.is_compiling():
+        torch.ops.inductor.accumulate_grad_.default(variable, grad)
+    else:
+        _C.accumulate_grad(variable, grad)
+
+
+_RUNTIME_OPS = sys.modules[__name__]
+
+
+# ---------------------------------------------------------------------------
+# Capture: phase 1
+# ---------------------------------------------------------------------------
+
+
+class _GraphRecorder:
+    """Stands in for the backward ops while :func:`python_autograd` is
+    traced: each call records a ``call_function`` of the real op."""
+
+    def __init__(self, tracer: torch.fx.proxy.GraphAppendingTracer) -> None:
+        self._tracer = tracer
+
+    def __getattr__(self, name: str) -> Callable[..., torch.fx.Proxy]:
+        op = getattr(_RUNTIME_OPS, name)
+
+        def record(*args: Any, **kwargs: Any) -> torch.fx.Proxy:
+            return self._tracer.create_proxy("call_function", op, args, kwargs)
+
+        return record
+
+
+def capture(
+    nodes: Sequence[BackwardNode], num_outputs: int, num_tensors: int
+) -> torch.fx.GraphModule:
+    """Traces :func:`python_autograd` over ``nodes`` into a GraphModule.
+
+    The module takes ``(inputs, sizes, scalars, hooks)`` -- the lifted
+    tensors, sizes, scalars and hooks of a backward with this structure --
+    and returns the gradients ``autograd.grad`` asked for. Its ``meta`` keeps
+    ``backward_nodes`` and ``num_outputs``.
+    """
+    graph = torch.fx.Graph()
+    tracer = torch.fx.proxy.GraphAppendingTracer(graph)
+    inputs, sizes, scalars, hooks = (
+        torch.fx.Proxy(graph.placeholder(name), tracer)
+        for name in ("inputs", "sizes", "scalars", "hooks")
+    )
+    tensors = [inputs[i] for i in range(num_tensors)]
+    outputs = python_autograd(
+        nodes,
+        num_outputs,
+        tensors,
+        sizes,
+        scalars,
+        hooks,
+        ops=_GraphRecorder(tracer),
+    )
+    graph.output(tracer.create_arg(outputs))
+    graph_module = torch.fx.GraphModule(torch.nn.Module(), graph, "CompiledAutograd")
+    # What was traced, for debugging and for running the loop itself.
+    graph_module.meta["backward_nodes"] = tuple(nodes)
+    graph_module.meta["num_outputs"] = num_outputs
+    return graph_module
+
+
+# ---------------------------------------------------------------------------
+# Installation, and the entry points torch._compiled_autograd_C calls
+# ---------------------------------------------------------------------------
+
+
+_compiler_fn: Optional[Callable[[torch.fx.GraphModule], Callable[..., Any]]] = None
+
+
+def install(
+    compiler_fn: Optional[Callable[[torch.fx.GraphModule], Callable[..., Any]]],
+) -> Optional[Callable[[torch.fx.GraphModule], Callable[..., Any]]]:
+    """Routes backward passes to this engine with ``compiler_fn``, or stops
+    routing them here (None). Returns the previous compiler_fn."""
+    global _compiler_fn
+    prior, _compiler_fn = _compiler_fn, compiler_fn
+    if (prior is None) != (compiler_fn is None):
+        _C.install(compiler_fn is not None)
+    return prior
+
+
+def reset() -> None:
+    """Forgets every captured graph."""
+    _C.clear_cache()
+
+
+def _capture(
+    collected_nodes: list[dict[str, Any]], num_outputs: int, num_tensors: int
+) -> Callable[..., Any]:
+    """Called from C++ on a cache miss: captures and compiles a graph."""
+    from torch._dynamo import compiled_autograd as frontend
+
+    assert _compiler_fn is not None, "the Python compiled autograd engine is not installed"
+    nodes = [BackwardNode.from_collected(node) for node in collected_nodes]
+    counters["compiled_autograd"]["captures"] += 1
+    compile_id = next(frontend.COMPILE_COUNTER)
+    graph_module = capture(nodes, num_outputs, num_tensors)
+    log.info(
+        "Compiled autograd graph %d (python engine, %d autograd nodes):\n%s",
+        compile_id,
+        len(nodes),
+        graph_module.print_readable(print_output=False),
+    )
+    with frontend.make_compile_context(compile_id):
+        compiled = _compiler_fn(graph_module)
+    return _CompiledBackward(compile_id, compiled)
+
+
+class _CompiledBackward:
+    """A compiled graph, run the way the legacy engine runs its graphs: with
+    compiled autograd disabled (backwards inside hooks run eagerly) and
+    marked as a compiled autograd region for Dynamo and AOTAutograd."""
+
+    def __init__(self, compile_id: int, compiled: Callable[..., Any]) -> None:
+        self.compile_id = compile_id
+        self.compiled = compiled
+
+    def __call__(
+        self, inputs: list[torch.Tensor], sizes: list[int], scalars: list[Any], hooks: list[Any]
+    ) -> Any:
+        from torch._dynamo import compiled_autograd as frontend
+
+        with frontend._disable(), frontend.make_compile_context(self.compile_id):
+            prior_region = frontend.in_compiled_autograd_region
+            frontend.in_compiled_autograd_region = True
+            try:
+                return self.compiled(inputs, sizes, scalars, hooks)
+            finally:
+                frontend.in_compiled_autograd_region = prior_region
+
+
+_reported_fallbacks: set[str] = set()
+
+
+def _report_eager_fallback(reason: str, warn: bool) -> None:
+    """Called from C++ when a backward runs on the eager engine instead."""
+    counters["compiled_autograd"]["eager_fallbacks"] += 1
+    verbose_log.debug("backward runs on the eager engine: %s", reason)
+    if warn and reason not in _reported_fallbacks:
+        _reported_fallbacks.add(reason)
+        warnings.warn(
+            "Compiled autograd (python engine) ran this backward with eager "
+            f"autograd: {reason}. Gradients are correct but not compiled. "
+            "Set torch._dynamo.config.compiled_autograd_engine = 'legacy' to "
+            "try the legacy engine instead.",
+            stacklevel=2,
+        )

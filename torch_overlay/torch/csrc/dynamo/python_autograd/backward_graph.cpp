@@ -1,0 +1,350 @@
+#include <torch/csrc/dynamo/python_autograd/backward_graph.h>
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <cstring>
+#include <queue>
+#include <typeinfo>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace torch::dynamo::python_autograd {
+
+using torch::autograd::AccumulateGrad;
+using torch::dynamo::autograd::CompiledNodeArgs;
+using torch::dynamo::autograd::SizeInput;
+
+namespace {
+
+bool runs_in_task(const GraphTask& task, Node* fn) {
+  if (task.exec_info_.empty()) {
+    return true;
+  }
+  auto it = task.exec_info_.find(fn);
+  return it != task.exec_info_.end() && it->second.should_execute();
+}
+
+bool is_needed(const GraphTask& task, Node* fn) {
+  return task.exec_info_.empty() || task.exec_info_.at(fn).needed_;
+}
+
+// The order in which Engine::execute runs the nodes on the CPU: a max-heap of
+// ready nodes keyed by sequence number (AccumulateGrad has UINT64_MAX, so it
+// runs as soon as it is ready). Using the same heap type with the same
+// comparison results and the same push order reproduces eager's order, ties
+// included, which is what makes hook side effects happen in eager's order.
+std::vector<Node*> eager_execution_order(Node* root, const GraphTask& task) {
+  std::unordered_map<Node*, int> dependencies;
+  std::unordered_set<Node*> seen{root};
+  std::vector<Node*> stack{root};
+  while (!stack.empty()) {
+    Node* fn = stack.back();
+    stack.pop_back();
+    for (const auto& edge : fn->next_edges()) {
+      Node* next = edge.function.get();
+      if (next == nullptr || !runs_in_task(task, next)) {
+        continue;
+      }
+      dependencies[next] += 1;
+      if (seen.insert(next).second) {
+        stack.push_back(next);
+      }
+    }
+  }
+
+  struct Ready {
+    uint64_t sequence_nr;
+    Node* fn;
+  };
+  auto runs_later = [](const Ready& a, const Ready& b) {
+    return a.sequence_nr < b.sequence_nr;
+  };
+  std::priority_queue<Ready, std::vector<Ready>, decltype(runs_later)> ready(
+      runs_later);
+  ready.push({root->sequence_nr(), root});
+  std::vector<Node*> order;
+  order.reserve(seen.size());
+  while (!ready.empty()) {
+    Node* fn = ready.top().fn;
+    ready.pop();
+    order.push_back(fn);
+    for (const auto& edge : fn->next_edges()) {
+      Node* next = edge.function.get();
+      if (next == nullptr || !runs_in_task(task, next)) {
+        continue;
+      }
+      if (--dependencies[next] == 0) {
+        ready.push({next->sequence_nr(), next});
+      }
+    }
+  }
+  return order;
+}
+
+template <typename T>
+void append_to_key(std::string& key, const T& value) {
+  key.append(reinterpret_cast<const char*>(&value), sizeof(T));
+}
+
+// Collects the node's hooks the way CompiledNodeArgs::collect(NodeCall) does,
+// but one hook at a time, so that Python and C++ tensor pre-hooks keep the
+// relative order in which the eager engine calls them.
+void collect_hooks(CompiledNodeArgs& args, NodeRecord& record) {
+  Node& fn = *record.node;
+  NodeCall& node_call = *record.node_call;
+  auto collect_tensor_pre_hook = [&](const auto& hook) {
+    size_t python_before = node_call.tensor_pre_hooks.size();
+    size_t cpp_before = node_call.cpp_tensor_pre_hooks.size();
+    hook->compiled_args(args);
+    for (size_t i = python_before; i < node_call.tensor_pre_hooks.size(); ++i) {
+      const auto& [index, input_nr] = node_call.tensor_pre_hooks[i];
+      record.tensor_pre_hooks.push_back({true, index, input_nr});
+    }
+    for (size_t i = cpp_before; i < node_call.cpp_tensor_pre_hooks.size();
+         ++i) {
+      const auto& [index, input_nr] = node_call.cpp_tensor_pre_hooks[i];
+      record.tensor_pre_hooks.push_back({false, index, input_nr});
+    }
+  };
+  for (const auto& hook : fn.tensor_pre_hooks()) {
+    collect_tensor_pre_hook(hook);
+  }
+  for (const auto& [_, hook] : fn.retains_grad_hooks()) {
+    collect_tensor_pre_hook(hook);
+  }
+  for (const auto& hook : fn.pre_hooks()) {
+    hook->compiled_args(args);
+  }
+  for (const auto& hook : fn.post_hooks()) {
+    hook->compiled_args(args);
+  }
+  args.collect(node_call.graph_output);
+  args.collect_size(record.tensor_pre_hooks.size());
+  args.collect_size(node_call.pre_hooks.size());
+  args.collect_size(node_call.post_hooks.size());
+}
+
+// AccumulateGrad's own compiled_args lifts variable.grad, which would make
+// the key change when .grad goes from None to a tensor. The graph calls
+// inductor.accumulate_grad_, which reads .grad when it runs, so only the
+// variable is lifted here.
+void collect_accumulate_grad(CompiledNodeArgs& args, AccumulateGrad& fn) {
+  const at::Tensor& variable = fn.variable;
+  if (args.cond(variable.defined() && variable.requires_grad())) {
+    args.collect(variable);
+  }
+  if (const auto& hook = fn.tensor_post_acc_grad_hooks(); hook != nullptr) {
+    hook->compiled_args(args);
+  }
+}
+
+NodeKind kind_of(const Node& fn) {
+  if (typeid(fn) == typeid(AccumulateGrad)) {
+    return NodeKind::kAccumulateGrad;
+  }
+  if (is_python_function(fn)) {
+    return NodeKind::kEager;
+  }
+  return NodeKind::kApplyWithSaved;
+}
+
+class Collector {
+ public:
+  Collector(const GraphTask& task, size_t num_outputs) : task_(task) {
+    graph_.num_outputs = num_outputs;
+  }
+
+  BackwardGraph finish(std::vector<Node*>&& order) {
+    std::unordered_map<Node*, int> position;
+    for (size_t i = 0; i < order.size(); ++i) {
+      position.emplace(order[i], static_cast<int>(i));
+    }
+    graph_.nodes.reserve(order.size());
+    for (Node* fn : order) {
+      collect(fn, position);
+    }
+    return std::move(graph_);
+  }
+
+ private:
+  void collect(Node* fn, const std::unordered_map<Node*, int>& position) {
+    NodeRecord& record = graph_.nodes.emplace_back();
+    record.node = c10::intrusive_ptr<Node>::reclaim_copy(fn);
+    record.kind = kind_of(*fn);
+    record.needed = is_needed(task_, fn);
+    record.call = std::make_unique<AutogradCompilerCall>(SizeInput::DYNAMIC);
+    AutogradCompilerCall& call = *record.call;
+    record.node_call = &call.node_calls.lookup(record.node);
+    if (!task_.exec_info_.empty()) {
+      const auto& captures = task_.exec_info_.at(fn).captures_;
+      if (captures) {
+        for (const auto& capture : *captures) {
+          record.captures.emplace_back(capture.input_idx_, capture.output_idx_);
+          record.node_call->mark_output(
+              capture.input_idx_, capture.output_idx_);
+        }
+      }
+    }
+
+    CompiledNodeArgs args(call, *record.node_call);
+    collect_hooks(args, record);
+    record.edge_sizes_begin = 0;
+    if (args.cond(record.needed)) {
+      switch (record.kind) {
+        case NodeKind::kAccumulateGrad:
+          collect_accumulate_grad(args, static_cast<AccumulateGrad&>(*fn));
+          break;
+        case NodeKind::kEager:
+          // Runs as itself, on its own saved values: nothing to lift. Its
+          // Python class is part of its name.
+          args.collect(fn->name());
+          break;
+        default:
+          fn->compiled_args(args);
+      }
+      record.edge_sizes_begin = call.all_size_inputs.size();
+      if (record.kind != NodeKind::kEager) {
+        args.collect(fn->next_edges());
+      }
+    }
+    for (const auto& edge : fn->next_edges()) {
+      auto it = edge.is_valid() ? position.find(edge.function.get())
+                                : position.end();
+      if (it == position.end()) {
+        record.next_edges.emplace_back(std::nullopt);
+      } else {
+        record.next_edges.emplace_back(
+            std::make_pair(it->second, static_cast<int>(edge.input_nr)));
+      }
+    }
+    lift(record);
+    append_key(record, args);
+  }
+
+  // Moves the node's lifted values into the graph-wide lists.
+  void lift(NodeRecord& record) {
+    AutogradCompilerCall& call = *record.call;
+    record.tensor_ids.reserve(call.tensor_args.inputs.size());
+    for (const at::Tensor& t : call.tensor_args.inputs) {
+      auto [it, inserted] = tensor_ids_.try_emplace(
+          t.unsafeGetTensorImpl(), graph_.tensors.size());
+      if (inserted) {
+        graph_.tensors.push_back(t);
+      }
+      record.tensor_ids.push_back(it->second);
+    }
+
+    record.sizes_begin = graph_.sizes.size();
+    record.edge_sizes_begin += record.sizes_begin;
+    for (const auto& size : call.all_size_inputs) {
+      graph_.sizes.push_back(size.value);
+    }
+    record.sizes_end = graph_.sizes.size();
+
+    record.scalars_begin = graph_.scalars.size();
+    for (const auto& arg : call.lifted_ivalue_args.args) {
+      graph_.scalars.push_back(*arg.actual_ptr);
+    }
+    record.scalars_end = graph_.scalars.size();
+
+    int hooks_begin = static_cast<int>(graph_.hooks.size());
+    for (auto& hook : call.hooks) {
+      graph_.hooks.push_back(std::move(hook));
+    }
+    call.hooks.clear();
+    auto to_global = [hooks_begin](int local) { return hooks_begin + local; };
+    for (auto& hook : record.tensor_pre_hooks) {
+      if (hook.is_python) {
+        hook.index = to_global(hook.index);
+      }
+    }
+    for (int hook : record.node_call->pre_hooks) {
+      record.pre_hooks.push_back(to_global(hook));
+    }
+    for (int hook : record.node_call->post_hooks) {
+      record.post_hooks.push_back(to_global(hook));
+    }
+    for (int hook : record.node_call->post_acc_grad_hooks) {
+      record.post_acc_grad_hooks.push_back(to_global(hook));
+    }
+  }
+
+  void append_key(const NodeRecord& record, const CompiledNodeArgs& args) {
+    std::string& key = graph_.key;
+    const std::type_info* type = &typeid(*record.node);
+    append_to_key(key, type);
+    append_to_key(key, record.kind);
+    auto node_key = args.key();
+    append_to_key(key, node_key.key_size);
+    key.append(reinterpret_cast<const char*>(node_key.key), node_key.key_size);
+    append_to_key(key, record.node->num_inputs());
+    append_to_key(key, record.next_edges.size());
+    for (const auto& edge : record.next_edges) {
+      std::pair<int, int> target = edge.value_or(std::make_pair(-1, -1));
+      append_to_key(key, target);
+    }
+    append_to_key(key, record.tensor_ids.size());
+    for (uint32_t id : record.tensor_ids) {
+      append_to_key(key, id);
+    }
+    for (const auto& hook : record.tensor_pre_hooks) {
+      append_to_key(key, hook.is_python);
+    }
+    append_to_key(key, record.sizes_end - record.sizes_begin);
+    append_to_key(key, record.scalars_end - record.scalars_begin);
+  }
+
+  const GraphTask& task_;
+  BackwardGraph graph_;
+  std::unordered_map<const c10::TensorImpl*, uint32_t> tensor_ids_;
+};
+
+bool has_saved_tensor_hooks(const BackwardGraph& graph) {
+  for (const auto& record : graph.nodes) {
+    if (!record.call->sv_to_hooks.empty()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+} // namespace
+
+bool is_cpp_custom_function(const Node& node) {
+  return std::strncmp(
+             typeid(node).name(), "N5torch8autograd7CppNodeI", 25) == 0;
+}
+
+// PyNode's type_info is not exported from libtorch_python, so it is
+// recognised by its mangled name.
+bool is_python_function(const Node& node) {
+  return std::strcmp(typeid(node).name(), "N5torch8autograd6PyNodeE") == 0;
+}
+
+std::variant<BackwardGraph, Unsupported> collect_backward_graph(
+    const c10::intrusive_ptr<Node>& root,
+    const GraphTask& graph_task,
+    bool accumulate_grad,
+    size_t num_outputs) {
+  Collector collector(graph_task, accumulate_grad ? 0 : num_outputs);
+  std::vector<Node*> order = eager_execution_order(root.get(), graph_task);
+  BackwardGraph graph;
+  try {
+    graph = collector.finish(std::move(order));
+  } catch (const c10::NotImplementedError& e) {
+    return Unsupported{e.what_without_backtrace(), false};
+  } catch (const std::exception& e) {
+    return Unsupported{e.what(), true};
+  }
+  if (has_saved_tensor_hooks(graph)) {
+    return Unsupported{
+        "saved tensor hooks (torch.autograd.graph.saved_tensors_hooks) are "
+        "not supported by the Python compiled autograd engine yet",
+        false};
+  }
+  return graph;
+}
+
+} // namespace torch::dynamo::python_autograd

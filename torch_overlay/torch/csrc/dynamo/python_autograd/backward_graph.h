@@ -1,0 +1,117 @@
+#pragma once
+
+// The autograd graph of one backward call, as the Python engine sees it:
+// the nodes in the order the eager engine would run them, and for each node
+// the values lifted out of its saved state (tensors, sizes, scalars, hooks).
+//
+// Collection runs libtorch's own visitor, Node::compiled_args, on every node
+// with an AutogradCompilerCall of the node's own. A private call per node is
+// what lets us hand each node exactly its own saved values later: the shared
+// call of the legacy engine de-duplicates tensors across nodes and keeps no
+// record of which node used which tensor.
+
+#include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/dynamo/compiled_autograd.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace torch::dynamo::python_autograd {
+
+using torch::autograd::GraphTask;
+using torch::autograd::Node;
+using torch::autograd::variable_list;
+using torch::dynamo::autograd::AutogradCompilerCall;
+using torch::dynamo::autograd::NodeCall;
+
+// How the captured graph runs a node.
+enum class NodeKind : uint8_t {
+  // apply_with_saved in the graph: Dynamo and AOTAutograd trace through it.
+  kApplyWithSaved = 0,
+  // A C++ torch::autograd::Function with is_traceable = false: applied with
+  // its saved values, behind a Dynamo graph break.
+  kApplyWithSavedDynamoDisabled = 1,
+  // A Python autograd.Function: the node itself runs, behind a graph break.
+  kEager = 2,
+  // AccumulateGrad: torch.ops.inductor.accumulate_grad_ on the variable.
+  kAccumulateGrad = 3,
+};
+
+// One tensor pre-hook call, in the order the eager engine makes them.
+struct TensorPreHook {
+  bool is_python; // Python hook (index into hooks) or C++ hook (index into
+                  // the node's own call->cpp_tensor_pre_hooks)
+  int index;
+  int input_nr;
+};
+
+struct NodeRecord {
+  c10::intrusive_ptr<Node> node;
+  // Owns what compiled_args collected for this node alone; kept alive until
+  // the backward ends because SwapSavedVariables looks saved values up in it.
+  std::unique_ptr<AutogradCompilerCall> call;
+  NodeCall* node_call = nullptr; // lives inside call->node_calls
+  NodeKind kind = NodeKind::kApplyWithSaved;
+  // false: the node only captures a gradient for autograd.grad (exec_info).
+  bool needed = true;
+
+  // Global index (into BackwardGraph::tensors) of call->tensor_args.inputs[k].
+  std::vector<uint32_t> tensor_ids;
+  // [sizes_begin, edge_sizes_begin): sizes from compiled_args;
+  // [edge_sizes_begin, sizes_end): shapes of the next edges' input metadata.
+  uint32_t sizes_begin = 0;
+  uint32_t edge_sizes_begin = 0;
+  uint32_t sizes_end = 0;
+  uint32_t scalars_begin = 0;
+  uint32_t scalars_end = 0;
+
+  std::vector<TensorPreHook> tensor_pre_hooks;
+  std::vector<int> pre_hooks; // global hook indices
+  std::vector<int> post_hooks;
+  std::vector<int> post_acc_grad_hooks;
+  // Per next edge: (position of the target node, input_nr), or nullopt when
+  // the edge is invalid or its target does not run in this backward.
+  std::vector<std::optional<std::pair<int, int>>> next_edges;
+  // (input_nr, output index) of gradients returned by autograd.grad.
+  std::vector<std::pair<int, int>> captures;
+};
+
+struct BackwardGraph {
+  std::vector<NodeRecord> nodes; // eager execution order
+  // Everything the captured graph specializes on; equal keys mean the same
+  // captured graph runs correctly on both backwards.
+  std::string key;
+  std::vector<at::Tensor> tensors; // de-duplicated across nodes
+  std::vector<int64_t> sizes;
+  std::vector<c10::IValue> scalars;
+  std::vector<c10::SafePyObject> hooks;
+  size_t num_outputs = 0;
+};
+
+// Why a backward cannot run on the Python engine; it runs on the eager engine.
+struct Unsupported {
+  std::string reason;
+  // true when the eager engine is expected to raise the same error itself
+  // (e.g. a saved tensor modified in place); no warning is due then.
+  bool eager_raises = false;
+};
+
+// Walks the graph from root the way Engine::execute would for this graph
+// task and collects every node that runs. Returns Unsupported instead when a
+// node uses something the Python engine does not handle yet.
+std::variant<BackwardGraph, Unsupported> collect_backward_graph(
+    const c10::intrusive_ptr<Node>& root,
+    const GraphTask& graph_task,
+    bool accumulate_grad,
+    size_t num_outputs);
+
+// C++ torch::autograd::Function nodes (CppNode<T>) announce whether they are
+// traceable only while being applied; see classify_custom_functions().
+bool is_cpp_custom_function(const Node& node);
+bool is_python_function(const Node& node);
+
+} // namespace torch::dynamo::python_autograd

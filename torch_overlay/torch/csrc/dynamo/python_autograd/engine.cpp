@@ -1,0 +1,293 @@
+// The entry point libtorch's autograd engine calls for every backward while
+// the Python compiled autograd engine is enabled, and the module
+// torch._compiled_autograd_C that the Python side talks to.
+//
+// Per backward: collect the graph (backward_graph.cpp), look its key up in
+// the cache, on a miss have torch/_compiled_autograd.py capture and compile
+// it, then run the compiled graph with the lifted values. The graph's ops call
+// back into node_apply.cpp by node index.
+
+#include <torch/csrc/autograd/anomaly_mode.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/input_buffer.h>
+#include <torch/csrc/dynamo/python_autograd/backward_graph.h>
+#include <torch/csrc/dynamo/python_autograd/node_apply.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+
+#include <string>
+#include <unordered_map>
+
+namespace torch::dynamo::python_autograd {
+
+namespace py = pybind11;
+using torch::autograd::Engine;
+using torch::autograd::InputBuffer;
+using torch::autograd::edge_list;
+
+namespace {
+
+py::module_ python_engine() {
+  return py::module_::import("torch._compiled_autograd");
+}
+
+// Captured-and-compiled graphs by BackwardGraph::key. Touched only with the
+// GIL held.
+std::unordered_map<std::string, py::object>& compiled_graphs() {
+  static auto* cache = new std::unordered_map<std::string, py::object>();
+  return *cache;
+}
+
+std::optional<Unsupported> unsupported_mode() {
+  if (torch::autograd::AnomalyMode::is_enabled()) {
+    return Unsupported{
+        "anomaly detection (torch.autograd.detect_anomaly) is enabled", false};
+  }
+  if (torch::autograd::GradMode::is_enabled()) {
+    return Unsupported{
+        "create_graph=True (higher-order gradients) is not supported yet",
+        false};
+  }
+  if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
+    return Unsupported{"a TorchDispatchMode is active", false};
+  }
+  return std::nullopt;
+}
+
+// Runs the backward on libtorch's eager engine instead, on the graph task
+// Engine::execute prepared before handing it to us.
+variable_list run_on_eager_engine(
+    const c10::intrusive_ptr<Node>& graph_root,
+    const GraphTask& graph_task,
+    const Unsupported& why) {
+  python_engine().attr("_report_eager_fallback")(why.reason, !why.eager_raises);
+  // Engine::execute owns the task through a shared_ptr; we were only lent a
+  // reference to it.
+  std::shared_ptr<GraphTask> task =
+      const_cast<GraphTask&>(graph_task).shared_from_this();
+  py::gil_scoped_release no_gil;
+  auto future = Engine::get_default_engine().execute_with_graph_task(
+      task, graph_root, InputBuffer(variable_list()));
+  future->wait();
+  return future->value().toTensorVector();
+}
+
+py::list describe_nodes(const BackwardGraph& graph) {
+  py::list nodes;
+  for (const auto& record : graph.nodes) {
+    py::list next_edges;
+    for (const auto& edge : record.next_edges) {
+      next_edges.append(edge ? py::cast(*edge) : py::none());
+    }
+    py::list tensor_pre_hooks;
+    for (const auto& hook : record.tensor_pre_hooks) {
+      tensor_pre_hooks.append(
+          py::make_tuple(hook.is_python, hook.index, hook.input_nr));
+    }
+    py::dict node;
+    node["name"] = record.node->name();
+    node["kind"] = static_cast<int>(record.kind);
+    node["num_inputs"] = record.node->num_inputs();
+    node["needed"] = record.needed;
+    node["next_edges"] = next_edges;
+    node["captures"] = record.captures;
+    node["tensor_pre_hooks"] = tensor_pre_hooks;
+    node["pre_hooks"] = record.pre_hooks;
+    node["post_hooks"] = record.post_hooks;
+    node["post_acc_grad_hooks"] = record.post_acc_grad_hooks;
+    node["saved_tensors"] = record.tensor_ids;
+    node["saved_sizes"] =
+        py::make_tuple(record.sizes_begin, record.edge_sizes_begin);
+    node["edge_sizes"] =
+        py::make_tuple(record.edge_sizes_begin, record.sizes_end);
+    node["saved_scalars"] =
+        py::make_tuple(record.scalars_begin, record.scalars_end);
+    nodes.append(node);
+  }
+  return nodes;
+}
+
+py::object compiled_graph_for(BackwardGraph& graph) {
+  auto& cache = compiled_graphs();
+  auto it = cache.find(graph.key);
+  if (it != cache.end()) {
+    return it->second;
+  }
+  classify_custom_functions(graph);
+  py::object compiled = python_engine().attr("_capture")(
+      describe_nodes(graph), graph.num_outputs, graph.tensors.size());
+  cache.emplace(graph.key, compiled);
+  return compiled;
+}
+
+py::object scalar_to_python(const c10::IValue& scalar) {
+  if (scalar.isDouble() || scalar.isSymFloat()) {
+    return py::cast(scalar.toSymFloat());
+  }
+  return py::cast(scalar.toSymInt());
+}
+
+variable_list run_compiled(const py::object& compiled, BackwardGraph& graph) {
+  py::list tensors = py::cast(graph.tensors);
+  py::list sizes = py::cast(graph.sizes);
+  py::list scalars;
+  for (const auto& scalar : graph.scalars) {
+    scalars.append(scalar_to_python(scalar));
+  }
+  py::list hooks;
+  for (auto& hook : graph.hooks) {
+    hooks.append(py::reinterpret_steal<py::object>(hook.release()));
+  }
+  graph.hooks.clear();
+  py::object result = compiled(tensors, sizes, scalars, hooks);
+  variable_list grads;
+  for (const auto& grad : result) {
+    grads.emplace_back(grad.is_none() ? at::Tensor() : py::cast<at::Tensor>(grad));
+  }
+  TORCH_INTERNAL_ASSERT(
+      grads.size() == graph.num_outputs,
+      "captured graph returned ",
+      grads.size(),
+      " gradients, expected ",
+      graph.num_outputs);
+  return grads;
+}
+
+// What the eager engine does after the last node: free saved variables
+// unless retain_graph, then run callbacks queued with queue_callback.
+void finish(BackwardGraph& graph, const GraphTask& graph_task) {
+  if (!graph_task.keep_graph_) {
+    for (auto& record : graph.nodes) {
+      record.node->release_variables();
+    }
+  }
+  auto& task = const_cast<GraphTask&>(graph_task);
+  std::unique_lock<std::mutex> lock(task.final_callbacks_lock_);
+  // A callback may queue more callbacks.
+  for (size_t i = 0; i < task.final_callbacks_.size(); ++i) {
+    auto callback = task.final_callbacks_[i];
+    lock.unlock();
+    callback();
+    lock.lock();
+  }
+}
+
+variable_list run_backward(
+    const c10::intrusive_ptr<Node>& graph_root,
+    const GraphTask& graph_task,
+    bool accumulate_grad,
+    const edge_list& outputs) {
+  py::gil_scoped_acquire gil;
+  at::ThreadLocalStateGuard tls_guard(graph_task.thread_locals_);
+  if (auto why = unsupported_mode()) {
+    return run_on_eager_engine(graph_root, graph_task, *why);
+  }
+  auto collected = collect_backward_graph(
+      graph_root, graph_task, accumulate_grad, outputs.size());
+  if (auto* why = std::get_if<Unsupported>(&collected)) {
+    return run_on_eager_engine(graph_root, graph_task, *why);
+  }
+  BackwardGraph& graph = std::get<BackwardGraph>(collected);
+  ActiveBackward active(graph);
+  py::object compiled = compiled_graph_for(graph);
+  variable_list grads = run_compiled(compiled, graph);
+  finish(graph, graph_task);
+  return grads;
+}
+
+variable_list to_variable_list(
+    const std::vector<std::optional<at::Tensor>>& values) {
+  variable_list result;
+  result.reserve(values.size());
+  for (const auto& value : values) {
+    result.emplace_back(value.value_or(at::Tensor()));
+  }
+  return result;
+}
+
+std::vector<c10::IValue> to_scalars(
+    const NodeRecord& record,
+    const py::list& values) {
+  const auto& lifted = record.call->lifted_ivalue_args.args;
+  TORCH_CHECK(
+      values.size() == lifted.size(),
+      "apply_with_saved(",
+      record.node->name(),
+      "): expected ",
+      lifted.size(),
+      " scalars, got ",
+      values.size());
+  std::vector<c10::IValue> scalars;
+  scalars.reserve(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    const c10::IValue& original = *lifted[i].actual_ptr;
+    if (original.isDouble() || original.isSymFloat()) {
+      scalars.emplace_back(py::cast<c10::SymFloat>(values[i]));
+    } else {
+      scalars.emplace_back(py::cast<c10::SymInt>(values[i]));
+    }
+  }
+  return scalars;
+}
+
+} // namespace
+} // namespace torch::dynamo::python_autograd
+
+PYBIND11_MODULE(_compiled_autograd_C, m) {
+  using namespace torch::dynamo::python_autograd;
+  m.doc() =
+      "C++ half of the Python compiled autograd engine "
+      "(torch/_compiled_autograd.py).";
+
+  m.def(
+      "install",
+      [](bool enabled) {
+        Engine::set_compiled_autograd(enabled ? &run_backward : nullptr);
+      },
+      "Routes every backward to the Python engine (True) or to nothing "
+      "(False: eager autograd, unless the legacy engine installs itself).");
+  m.def("clear_cache", []() { compiled_graphs().clear(); });
+  m.def("cache_size", []() { return compiled_graphs().size(); });
+
+  m.def(
+      "apply_with_saved",
+      [](int64_t node_idx,
+         const std::vector<std::optional<at::Tensor>>& inputs,
+         const std::vector<std::optional<at::Tensor>>& saved_tensors,
+         const std::vector<c10::SymInt>& saved_sizes,
+         const py::list& saved_scalars) {
+        NodeRecord& record = ActiveBackward::node(node_idx);
+        return apply_with_saved(
+            record,
+            to_variable_list(inputs),
+            to_variable_list(saved_tensors),
+            saved_sizes,
+            to_scalars(record, saved_scalars));
+      });
+  m.def(
+      "validate_outputs",
+      [](int64_t node_idx,
+         const std::vector<std::optional<at::Tensor>>& outputs,
+         const std::vector<c10::SymInt>& edge_sizes) {
+        return validate_outputs(
+            ActiveBackward::node(node_idx),
+            to_variable_list(outputs),
+            edge_sizes);
+      });
+  m.def(
+      "apply_eagerly",
+      [](int64_t node_idx,
+         const std::vector<std::optional<at::Tensor>>& inputs) {
+        return apply_eagerly(
+            ActiveBackward::node(node_idx), to_variable_list(inputs));
+      });
+  m.def("accumulate_grad", &accumulate_grad);
+  m.def(
+      "call_cpp_tensor_pre_hook",
+      [](int64_t node_idx, int64_t hook_idx, const at::Tensor& grad) {
+        return call_cpp_tensor_pre_hook(
+            ActiveBackward::node(node_idx), hook_idx, grad);
+      });
+}

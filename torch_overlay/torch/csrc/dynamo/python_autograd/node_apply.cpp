@@ -1,0 +1,237 @@
+#include <torch/csrc/dynamo/python_autograd/node_apply.h>
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/dynamo/python_autograd/compiler_interface.h>
+#include <torch/csrc/python_headers.h>
+
+namespace torch::dynamo::python_autograd {
+
+using torch::dynamo::autograd::SwapSavedVariables;
+using torch::dynamo::autograd::TraceState;
+
+namespace {
+
+thread_local std::vector<BackwardGraph*> active_backwards;
+
+std::function<std::string(const std::string&)> error_format(const Node& node) {
+  return [name = node.name()](const std::string& msg) {
+    return "Function " + name + " returned an " + msg;
+  };
+}
+
+// Points the node's lifted values at the given ones for the duration of one
+// apply_with_saved, and drops them afterwards so that the node's private
+// AutogradCompilerCall holds no fake or traced tensor past the call.
+class SwappedValues {
+ public:
+  SwappedValues(
+      NodeRecord& record,
+      const variable_list& tensors,
+      const std::vector<c10::IValue>& scalars)
+      : call_(*record.call) {
+    auto& tensor_args = call_.tensor_args;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      tensor_args.lookup(tensor_args.inputs[i]).proxy_tensor = tensors[i];
+    }
+    auto& lifted = call_.lifted_ivalue_args;
+    lifted.next = 0;
+    for (size_t i = 0; i < scalars.size(); ++i) {
+      lifted.args[i].proxy = scalars[i];
+    }
+  }
+
+  ~SwappedValues() {
+    auto& tensor_args = call_.tensor_args;
+    for (const auto& t : tensor_args.inputs) {
+      tensor_args.lookup(t).proxy_tensor = at::Tensor();
+    }
+    for (auto& arg : call_.lifted_ivalue_args.args) {
+      arg.proxy = at::IValue::uninitialized();
+    }
+  }
+
+ private:
+  AutogradCompilerCall& call_;
+};
+
+void check_saved_values(
+    const NodeRecord& record,
+    const variable_list& saved_tensors,
+    size_t num_sizes,
+    size_t num_scalars) {
+  const auto& call = *record.call;
+  TORCH_CHECK(
+      saved_tensors.size() == call.tensor_args.inputs.size() &&
+          num_sizes == record.edge_sizes_begin - record.sizes_begin &&
+          num_scalars == call.lifted_ivalue_args.args.size(),
+      "apply_with_saved(",
+      record.node->name(),
+      "): expected ",
+      call.tensor_args.inputs.size(),
+      " tensors, ",
+      record.edge_sizes_begin - record.sizes_begin,
+      " sizes and ",
+      call.lifted_ivalue_args.args.size(),
+      " scalars; got ",
+      saved_tensors.size(),
+      ", ",
+      num_sizes,
+      " and ",
+      num_scalars);
+  for (const auto& t : saved_tensors) {
+    TORCH_CHECK(
+        t.defined(),
+        "apply_with_saved(",
+        record.node->name(),
+        "): saved tensors must not be None");
+  }
+}
+
+} // namespace
+
+ActiveBackward::ActiveBackward(BackwardGraph& graph) {
+  active_backwards.push_back(&graph);
+}
+
+ActiveBackward::~ActiveBackward() {
+  active_backwards.pop_back();
+}
+
+NodeRecord& ActiveBackward::node(int64_t node_idx) {
+  TORCH_CHECK(
+      !active_backwards.empty(),
+      "the captured autograd graph runs only inside the backward call that "
+      "the Python compiled autograd engine is executing");
+  auto& nodes = active_backwards.back()->nodes;
+  TORCH_CHECK(
+      node_idx >= 0 && node_idx < static_cast<int64_t>(nodes.size()),
+      "node index ",
+      node_idx,
+      " out of range for a backward of ",
+      nodes.size(),
+      " nodes");
+  return nodes[node_idx];
+}
+
+variable_list apply_with_saved(
+    NodeRecord& record,
+    const variable_list& inputs,
+    const variable_list& saved_tensors,
+    const std::vector<c10::SymInt>& saved_sizes,
+    const std::vector<c10::IValue>& saved_scalars) {
+  check_saved_values(
+      record, saved_tensors, saved_sizes.size(), saved_scalars.size());
+  TORCH_CHECK(
+      inputs.size() == record.node->num_inputs(),
+      "apply_with_saved(",
+      record.node->name(),
+      "): expected ",
+      record.node->num_inputs(),
+      " gradients, got ",
+      inputs.size());
+  SwappedValues swapped(record, saved_tensors, saved_scalars);
+  TraceState sizes(
+      std::vector<std::optional<c10::SymInt>>(
+          saved_sizes.begin(), saved_sizes.end()),
+      /*num_outputs=*/0);
+  SwapSavedVariables saved(*record.call, sizes, Py_None, *record.node_call);
+  NodeApplication application(NodeApplication::Mode::kRun);
+  variable_list outputs = record.node->apply_with_saved(inputs, saved);
+  application.rethrow_if_failed();
+  return outputs;
+}
+
+variable_list validate_outputs(
+    const NodeRecord& record,
+    variable_list outputs,
+    const std::vector<c10::SymInt>& edge_sizes) {
+  auto metadata =
+      torch::dynamo::autograd::get_input_metadata(record.node->next_edges());
+  size_t next = 0;
+  for (auto& input_metadata : metadata) {
+    if (!input_metadata.has_value()) {
+      continue;
+    }
+    for (auto& size : input_metadata->mutable_shape_as_dim_vector()) {
+      TORCH_CHECK(
+          next < edge_sizes.size(),
+          "validate_outputs(",
+          record.node->name(),
+          "): too few sizes");
+      size = edge_sizes[next++];
+    }
+  }
+  TORCH_CHECK(
+      next == edge_sizes.size(),
+      "validate_outputs(",
+      record.node->name(),
+      "): expected ",
+      next,
+      " sizes, got ",
+      edge_sizes.size());
+  torch::autograd::validate_outputs(
+      metadata, outputs, error_format(*record.node));
+  return outputs;
+}
+
+variable_list apply_eagerly(NodeRecord& record, variable_list inputs) {
+  variable_list outputs = (*record.node)(std::move(inputs));
+  torch::autograd::validate_outputs(
+      record.node->next_edges(), outputs, error_format(*record.node));
+  return outputs;
+}
+
+at::Tensor call_cpp_tensor_pre_hook(
+    const NodeRecord& record,
+    int64_t hook_idx,
+    const at::Tensor& grad) {
+  const auto& hooks = record.call->cpp_tensor_pre_hooks;
+  TORCH_CHECK(
+      hook_idx >= 0 && hook_idx < static_cast<int64_t>(hooks.size()),
+      "C++ tensor pre-hook index out of range");
+  return at::Tensor(hooks[hook_idx](grad));
+}
+
+void accumulate_grad(const at::Tensor& variable, const at::Tensor& grad) {
+  at::Tensor& variable_grad = variable.mutable_grad();
+  // The eager engine holds one reference to the incoming gradient; it may
+  // steal the gradient rather than copy it when nothing else refers to it.
+  torch::autograd::AccumulateGrad::accumulateGrad(
+      variable,
+      variable_grad,
+      grad,
+      /*num_expected_refs=*/1,
+      [&variable_grad](at::Tensor&& update) {
+        variable_grad = std::move(update);
+      });
+}
+
+void classify_custom_functions(BackwardGraph& graph) {
+  for (auto& record : graph.nodes) {
+    if (!record.needed || !is_cpp_custom_function(*record.node)) {
+      continue;
+    }
+    const auto& call = *record.call;
+    std::vector<c10::IValue> scalars;
+    for (const auto& arg : call.lifted_ivalue_args.args) {
+      scalars.push_back(*arg.actual_ptr);
+    }
+    SwappedValues swapped(record, call.tensor_args.inputs, scalars);
+    // nullopt sizes keep the node's own values.
+    TraceState sizes(
+        std::vector<std::optional<c10::SymInt>>(
+            record.edge_sizes_begin - record.sizes_begin),
+        /*num_outputs=*/0);
+    SwapSavedVariables saved(*record.call, sizes, Py_None, *record.node_call);
+    NodeApplication probe(NodeApplication::Mode::kProbe);
+    record.node->apply_with_saved(
+        variable_list(record.node->num_inputs()), saved);
+    probe.rethrow_if_failed();
+    if (probe.custom_function_traceable() == false) {
+      record.kind = NodeKind::kApplyWithSavedDynamoDisabled;
+    }
+  }
+}
+
+} // namespace torch::dynamo::python_autograd
