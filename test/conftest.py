@@ -1,0 +1,23 @@
+"""Shared fixtures: every test starts from a clean compiled-autograd state."""
+
+import os
+import pathlib
+
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+
+SHARED = pathlib.Path(
+    os.environ.get("PCA_SHARED", pathlib.Path(__file__).resolve().parents[2] / "shared")
+)
+
+
+@pytest.fixture(autouse=True)
+def fresh_compiled_autograd():
+    """Forgets captured graphs, Dynamo caches and counters around each test."""
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+    torch._dynamo.config.compiled_autograd_engine = "python"

@@ -1,0 +1,76 @@
+"""Helpers to run the same autograd code under eager autograd and under
+compiled autograd, and compare what came out."""
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any, Optional
+
+import torch
+from torch._dynamo.utils import counters
+
+
+def identity_compiler(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Runs the captured graph as it is, without Dynamo."""
+    return gm
+
+
+def dynamo_compiler(backend: str) -> Callable[[torch.fx.GraphModule], Any]:
+    return lambda gm: torch.compile(gm, backend=backend)
+
+
+COMPILERS = {
+    "no_dynamo": identity_compiler,
+    "eager": dynamo_compiler("eager"),
+    "aot_eager": dynamo_compiler("aot_eager"),
+}
+
+
+@contextlib.contextmanager
+def compiled_autograd(compiler: Callable[..., Any] = identity_compiler):
+    with torch._dynamo.compiled_autograd.enable(compiler):
+        yield
+
+
+def captures() -> int:
+    return counters["compiled_autograd"]["captures"]
+
+
+def eager_fallbacks() -> int:
+    return counters["compiled_autograd"]["eager_fallbacks"]
+
+
+def run_eager_and_compiled(
+    fn: Callable[[], Sequence[Optional[torch.Tensor]]],
+    compiler: Callable[..., Any] = identity_compiler,
+    seed: int = 0,
+) -> tuple[Sequence[Any], Sequence[Any]]:
+    """Runs ``fn`` (which builds its own graph and returns tensors) twice from
+    the same seed: with eager autograd, then under compiled autograd."""
+    torch.manual_seed(seed)
+    expected = fn()
+    torch.manual_seed(seed)
+    with compiled_autograd(compiler):
+        actual = fn()
+    return expected, actual
+
+
+def assert_same(expected: Sequence[Any], actual: Sequence[Any], exact: bool = True) -> None:
+    """Equal values; bit-for-bit unless ``exact`` is False (a compiler that
+    reorders floating-point math, e.g. Inductor)."""
+    assert len(expected) == len(actual)
+    for e, a in zip(expected, actual):
+        if e is None or a is None:
+            assert e is None and a is None, (e, a)
+        elif not isinstance(e, torch.Tensor):
+            assert e == a, (e, a)
+        elif exact:
+            assert e.dtype == a.dtype and e.shape == a.shape and e.layout == a.layout
+            assert torch.equal(e, a), (e, a)
+        else:
+            torch.testing.assert_close(a, e)
+
+
+def check_against_eager(fn, compiler=identity_compiler, exact=True):
+    expected, actual = run_eager_and_compiled(fn, compiler)
+    assert_same(expected, actual, exact)
+    return actual

@@ -1,0 +1,121 @@
+"""Phase 1: the backward is captured by symbolically tracing python_autograd,
+without FakeTensors, make_fx or proxy dispatch modes."""
+
+import contextlib
+from unittest import mock
+
+import expecttest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental import proxy_tensor
+
+import torch._compiled_autograd as python_engine
+from helpers import compiled_autograd
+
+
+def capture_graph(backward):
+    graphs = []
+
+    def keep_graph(gm):
+        graphs.append(gm)
+        return gm
+
+    with compiled_autograd(keep_graph):
+        backward()
+    (graph,) = graphs
+    return graph
+
+
+def hooked_square_sum():
+    x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    y = x**2
+    y.register_hook(lambda grad: grad * 2)
+    y.sum().backward()
+    return x
+
+
+def called_targets(gm):
+    return {node.target for node in gm.graph.nodes if node.op == "call_function"}
+
+
+class TestCapture(expecttest.TestCase):
+    def test_phase_one_enters_no_fake_or_proxy_mode(self):
+        entered = []
+
+        def refuse(name):
+            def enter(self, *args, **kwargs):
+                entered.append(name)
+                raise AssertionError(f"{name} entered during capture")
+
+            return enter
+
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(mock.patch.object(FakeTensorMode, "__enter__", refuse("FakeTensorMode")))
+            stack.enter_context(
+                mock.patch.object(proxy_tensor.ProxyTorchDispatchMode, "__enter__", refuse("ProxyTorchDispatchMode"))
+            )
+            stack.enter_context(mock.patch.object(proxy_tensor, "make_fx", refuse("make_fx")))
+            x = hooked_square_sum()
+            gm = capture_graph(lambda: hooked_square_sum())
+        self.assertEqual(entered, [])
+        self.assertEqual(x.grad.tolist(), [4.0, 8.0, 12.0])
+        self.assertIn(python_engine.apply_with_saved, called_targets(gm))
+
+    def test_graph_calls_nodes_validation_and_hooks(self):
+        gm = capture_graph(hooked_square_sum)
+        targets = called_targets(gm)
+        for op in (
+            python_engine.apply_with_saved,
+            python_engine.validate_outputs,
+            python_engine.call_hook,
+            python_engine.accumulate_grad,
+        ):
+            self.assertIn(op, targets)
+
+    def test_captured_graph_text(self):
+        gm = capture_graph(hooked_square_sum)
+        self.assertExpectedInline(
+            gm.code.strip(),
+            """\
+def forward(self, inputs, sizes, scalars, hooks):
+    getitem = inputs[0]
+    getitem_1 = inputs[1];  inputs = None
+    apply_with_saved = torch._compiled_autograd.apply_with_saved(0, [None], [getitem], [], []);  getitem = None
+    validate_outputs = torch._compiled_autograd.validate_outputs(0, apply_with_saved, []);  apply_with_saved = None
+    getitem_2 = validate_outputs[0];  validate_outputs = None
+    getitem_3 = sizes[slice(0, 1, None)]
+    apply_with_saved_1 = torch._compiled_autograd.apply_with_saved(1, [getitem_2], [], getitem_3, []);  getitem_2 = getitem_3 = None
+    getitem_4 = sizes[slice(1, 2, None)]
+    validate_outputs_1 = torch._compiled_autograd.validate_outputs(1, apply_with_saved_1, getitem_4);  apply_with_saved_1 = getitem_4 = None
+    getitem_5 = validate_outputs_1[0];  validate_outputs_1 = None
+    getitem_6 = hooks[0];  hooks = None
+    call_hook = torch._compiled_autograd.call_hook(getitem_6, getitem_5, hook_type = 'tensor_pre_hook');  getitem_6 = getitem_5 = None
+    apply_with_saved_2 = torch._compiled_autograd.apply_with_saved(2, [call_hook], [getitem_1], [], []);  call_hook = None
+    getitem_7 = sizes[slice(2, 3, None)];  sizes = None
+    validate_outputs_2 = torch._compiled_autograd.validate_outputs(2, apply_with_saved_2, getitem_7);  apply_with_saved_2 = getitem_7 = None
+    getitem_8 = validate_outputs_2[0];  validate_outputs_2 = None
+    accumulate_grad = torch._compiled_autograd.accumulate_grad(getitem_1, getitem_8);  getitem_1 = getitem_8 = accumulate_grad = None
+    return []""",
+        )
+
+    def test_python_autograd_runs_directly_on_real_values(self):
+        """The engine loop is plain Python: run on the real lifted values
+        instead of being traced, it is an (uncompiled) backward pass."""
+        x = torch.randn(4, requires_grad=True)
+        loss = (x.exp() * x).sum()
+        (expected,) = torch.autograd.grad(loss, [x], retain_graph=True)
+
+        def run_the_loop(gm):
+            def run(inputs, sizes, scalars, hooks):
+                nodes, num_outputs = gm.meta["backward_nodes"], gm.meta["num_outputs"]
+                return python_engine.python_autograd(nodes, num_outputs, inputs, sizes, scalars, hooks)
+
+            return run
+
+        with compiled_autograd(run_the_loop):
+            (actual,) = torch.autograd.grad(loss, [x])
+        self.assertTrue(torch.equal(actual, expected))
+
+
+if __name__ == "__main__":
+    expecttest.run_tests()

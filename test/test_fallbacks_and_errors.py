@@ -1,0 +1,150 @@
+"""What the Python engine does not compile runs on the eager engine, with a
+warning that says so; errors surface exactly as in eager."""
+
+import warnings
+
+import pytest
+import torch
+
+from helpers import (
+    COMPILERS,
+    assert_same,
+    captures,
+    check_against_eager,
+    compiled_autograd,
+    eager_fallbacks,
+)
+
+
+def test_create_graph_falls_back_to_eager_and_double_backward_works():
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        (gx,) = torch.autograd.grad((x**3).sum(), [x], create_graph=True)
+        (ggx,) = torch.autograd.grad(gx.sum(), [x])
+        return [gx.detach(), ggx]
+
+    with pytest.warns(UserWarning, match="create_graph=True"):
+        check_against_eager(fn)
+    # The first-order backward builds a graph, so it runs eagerly; the
+    # second-order one is an ordinary backward and is compiled.
+    assert eager_fallbacks() == 1
+    assert captures() == 1
+
+
+def test_anomaly_mode_raises_eagers_error_naming_the_node():
+    def backward_producing_nan():
+        x = torch.tensor([0.0], requires_grad=True)
+        with torch.autograd.detect_anomaly(check_nan=True):
+            (x.sqrt() * 0).sum().backward()
+
+    with pytest.raises(RuntimeError) as eager_error, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        backward_producing_nan()
+    with pytest.raises(RuntimeError) as compiled_error, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with compiled_autograd():
+            backward_producing_nan()
+    assert "SqrtBackward0" in str(eager_error.value)
+    assert str(compiled_error.value) == str(eager_error.value)
+
+
+def test_saved_tensor_hooks_fall_back_to_eager():
+    def fn():
+        x = torch.randn(4, requires_grad=True)
+        unpacked = []
+
+        def unpack(t):
+            unpacked.append(True)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, unpack):
+            y = x.sin() * x
+        y.sum().backward()
+        return [x.grad, torch.tensor(len(unpacked))]
+
+    with pytest.warns(UserWarning, match="saved tensor hooks"):
+        check_against_eager(fn)
+
+
+@pytest.mark.parametrize("compiler_name", sorted(COMPILERS))
+def test_error_in_hook_propagates_and_engine_stays_usable(compiler_name):
+    class HookError(Exception):
+        pass
+
+    def failing_hook(grad):
+        raise HookError("from a hook")
+
+    x = torch.randn(3, requires_grad=True)
+    y = x * 2
+    y.register_hook(failing_hook)
+    with compiled_autograd(COMPILERS[compiler_name]):
+        with pytest.raises(HookError, match="from a hook"):
+            y.sum().backward()
+        z = torch.randn(3, requires_grad=True)
+        (z * z).sum().backward()
+    assert torch.equal(z.grad, 2 * z)
+
+
+def test_backward_twice_without_retain_graph_raises_eagers_error():
+    x = torch.randn(3, requires_grad=True)
+    y = (x.exp() * x).sum()
+    with compiled_autograd():
+        y.backward()
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            y.backward()
+
+
+def test_in_place_modification_of_saved_tensor_raises_eagers_error():
+    x = torch.randn(3, requires_grad=True)
+    a = x * 1
+    y = a.exp()
+    y.add_(1)  # exp saved its output
+    with compiled_autograd():
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            y.sum().backward()
+
+
+def test_legacy_and_python_engines_in_one_process():
+    def fn():
+        model = torch.nn.Linear(4, 2)
+        model(torch.randn(3, 4)).sum().backward()
+        return [p.grad for p in model.parameters()]
+
+    torch.manual_seed(0)
+    expected = fn()
+    for engine in ("legacy", "python", "legacy"):
+        torch._dynamo.config.compiled_autograd_engine = engine
+        torch.manual_seed(0)
+        with compiled_autograd(COMPILERS["eager"]):
+            actual = fn()
+        assert_same(expected, actual)
+    assert captures() == 2  # each engine captured once
+
+
+def test_unknown_engine_name_is_refused():
+    torch._dynamo.config.compiled_autograd_engine = "quantum"
+    with pytest.raises(ValueError, match="'python' or 'legacy'"):
+        with compiled_autograd():
+            pass
+
+
+def test_torch_compile_with_config_compiled_autograd():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    x = torch.randn(5, 4)
+    model(x).sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+
+    torch._dynamo.config.compiled_autograd = True
+    try:
+
+        @torch.compile(backend="aot_eager")
+        def train_step(x):
+            loss = model(x).sum()
+            loss.backward()
+
+        train_step(x)
+    finally:
+        torch._dynamo.config.compiled_autograd = False
+    assert_same(expected, [p.grad for p in model.parameters()])
+    assert captures() == 1

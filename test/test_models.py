@@ -1,0 +1,44 @@
+"""Gradients of whole models under the Python engine equal eager autograd's."""
+
+import pytest
+import torch
+
+from helpers import COMPILERS, assert_same, captures, compiled_autograd, dynamo_compiler
+from models import MODELS
+
+
+def parameter_grads(model, x, compiler=None):
+    model.zero_grad(set_to_none=True)
+    loss = model(x).pow(2).mean()
+    if compiler is None:
+        loss.backward()
+    else:
+        with compiled_autograd(compiler):
+            loss.backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("compiler_name", sorted(COMPILERS))
+@pytest.mark.parametrize("model_name", sorted(MODELS))
+def test_model_gradients_equal_eager(model_name, compiler_name):
+    make_model, make_input = MODELS[model_name]
+    torch.manual_seed(0)
+    model = make_model()
+    for batch in (3, 3, 5):
+        x = make_input(batch)
+        expected = parameter_grads(model, x)
+        actual = parameter_grads(model, x, COMPILERS[compiler_name])
+        assert_same(expected, actual)
+    assert captures() == 1
+
+
+def test_mlp_gradients_with_inductor():
+    make_model, make_input = MODELS["mlp"]
+    torch.manual_seed(0)
+    model = make_model()
+    for batch in (4, 6):
+        x = make_input(batch)
+        expected = parameter_grads(model, x)
+        actual = parameter_grads(model, x, dynamo_compiler("inductor"))
+        assert_same(expected, actual, exact=False)
+    assert captures() == 1

@@ -1,0 +1,272 @@
+"""First-tier autograd semantics: each case runs under eager autograd and under
+the Python compiled autograd engine and must give the same tensors, the same
+hook side effects and the same .grad fields."""
+
+import pytest
+import torch
+
+from helpers import COMPILERS, assert_same, captures, check_against_eager, compiled_autograd
+
+
+@pytest.fixture(params=sorted(COMPILERS))
+def compiler(request):
+    return COMPILERS[request.param]
+
+
+def test_scalar_root(compiler):
+    def fn():
+        x = torch.randn(5, requires_grad=True)
+        (x.sin() * x).sum().backward()
+        return [x.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_non_scalar_root_with_gradient(compiler):
+    def fn():
+        x = torch.randn(2, 3, requires_grad=True)
+        y = x.exp() * 2
+        y.backward(gradient=torch.arange(6.0).reshape(2, 3))
+        return [x.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_multiple_roots(compiler):
+    def fn():
+        x = torch.randn(2, 3, requires_grad=True)
+        a, b = x.cos(), (x * 3).sum(1)
+        torch.autograd.backward([a, b], [torch.full_like(a, 2.0), torch.arange(2.0)])
+        return [x.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_leaf_grad_accumulates_across_backwards(compiler):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        grads = []
+        for scale in (1.0, 2.0, 3.0):
+            (x * x * scale).sum().backward()
+            grads.append(x.grad.clone())
+        return grads
+
+    check_against_eager(fn, compiler)
+
+
+def test_hook_on_non_leaf_with_side_effect_and_new_grad(compiler):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        y = x**2
+        seen = []
+
+        def hook(grad):
+            seen.append(grad.clone())
+            return grad * 2
+
+        y.register_hook(hook)
+        y.sum().backward()
+        return [x.grad, *seen]
+
+    check_against_eager(fn, compiler)
+
+
+def test_hook_on_leaf(compiler):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        x.register_hook(lambda grad: grad * 10)
+        (x * x).sum().backward()
+        return [x.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_several_hooks_on_one_tensor_run_in_order(compiler):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        y = x * 2
+        order = []
+        y.register_hook(lambda g: order.append("first") or g + 1)
+        y.register_hook(lambda g: order.append("second") or g * 3)
+        y.sum().backward()
+        return [x.grad, torch.tensor(len(order)), *(torch.tensor(o == "first") for o in order)]
+
+    check_against_eager(fn, compiler)
+
+
+def test_retain_graph_twice(compiler):
+    def fn():
+        x = torch.randn(4, requires_grad=True)
+        y = (x.tanh() * x).sum()
+        y.backward(retain_graph=True)
+        first = x.grad.clone()
+        y.backward()
+        return [first, x.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_autograd_grad_leaves_dot_grad_alone(compiler):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        y = torch.randn(3, requires_grad=True)
+        (gx,) = torch.autograd.grad((x * y).sin().sum(), [x])
+        assert x.grad is None and y.grad is None
+        return [gx]
+
+    check_against_eager(fn, compiler)
+
+
+def test_autograd_grad_of_intermediate_and_leaf(compiler):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        a = x * 2
+        seen = []
+        a.register_hook(lambda g: seen.append(g.clone()) or g * 3)
+        ga, gx = torch.autograd.grad(a.exp().sum(), [a, x])
+        return [ga, gx, *seen]
+
+    check_against_eager(fn, compiler)
+
+
+def test_autograd_grad_allow_unused(compiler):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        unused = torch.randn(3, requires_grad=True)
+        gx, gu = torch.autograd.grad((x * 2).sum(), [x, unused], allow_unused=True)
+        return [gx, gu]
+
+    check_against_eager(fn, compiler)
+
+
+def test_backward_with_inputs(compiler):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        y = torch.randn(3, requires_grad=True)
+        (x * y).sum().backward(inputs=[x])
+        return [x.grad, y.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_in_place_on_view(compiler):
+    def fn():
+        x = torch.randn(4, 4, requires_grad=True)
+        y = x * 1
+        y[:, 1] = y[:, 1] * 5
+        y.sum().backward()
+        return [x.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_python_autograd_function_runs_as_itself(compiler):
+    class SinWithSavedInput(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x.sin()
+
+        @staticmethod
+        def backward(ctx, grad):
+            (x,) = ctx.saved_tensors
+            return grad * x.cos()
+
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        SinWithSavedInput.apply(x * 2).sum().backward()
+        return [x.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_retain_grad(compiler):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        a = x * 2
+        a.retain_grad()
+        (a * a).sum().backward()
+        return [x.grad, a.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_node_pre_and_post_hooks(compiler):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        b = (x * 2).exp()
+        b.grad_fn.register_prehook(lambda grad_outputs: (grad_outputs[0] * 2,))
+        b.grad_fn.register_hook(lambda grad_inputs, grad_outputs: (grad_inputs[0] + 1,))
+        b.sum().backward()
+        return [x.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_post_accumulate_grad_hook_sees_new_grad(compiler):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        seen = []
+        x.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad.clone()))
+        (x * 3).sum().backward()
+        return [x.grad, *seen]
+
+    check_against_eager(fn, compiler)
+
+
+def test_queue_callback_runs_after_backward():
+    order = []
+
+    def hook(grad):
+        torch.autograd.Variable._execution_engine.queue_callback(lambda: order.append("callback"))
+        order.append("hook")
+        return grad
+
+    x = torch.randn(3, requires_grad=True)
+    y = x * 2
+    y.register_hook(hook)
+    with compiled_autograd():
+        y.sum().backward()
+    order.append("after backward")
+    assert order == ["hook", "callback", "after backward"]
+
+
+def test_hook_order_matches_eager():
+    """Hooks on many tensors fire in the eager engine's order (by sequence
+    number, AccumulateGrad first), not in graph-traversal order."""
+
+    def fn():
+        order = []
+        params = [torch.randn(3, requires_grad=True) for _ in range(4)]
+        for i, p in enumerate(params):
+            p.register_hook(lambda g, i=i: order.append(("leaf", i)) or g)
+        h = params[0]
+        for i, p in enumerate(params[1:]):
+            h = h * p + i
+            h.register_hook(lambda g, i=i: order.append(("inner", i)) or g)
+        h.sum().backward()
+        return [torch.tensor([hash(o) for o in order])] + [p.grad for p in params]
+
+    check_against_eager(fn)
+
+
+def test_captured_graph_is_reused_for_a_new_forward():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    for _ in range(3):
+        with compiled_autograd():
+            model(torch.randn(5, 4)).sum().backward()
+    assert captures() == 1
+
+
+def test_changed_batch_size_does_not_capture_again():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    for batch in (2, 3, 7):
+        x = torch.randn(batch, 4)
+        model.zero_grad()
+        model(x).sum().backward()
+        expected = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        with compiled_autograd(COMPILERS["eager"]):
+            model(x).sum().backward()
+        assert_same(expected, [p.grad for p in model.parameters()])
+    assert captures() == 1
