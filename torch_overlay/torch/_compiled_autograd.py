@@ -256,16 +256,10 @@ def apply_with_saved(
 
 
 @torch._dynamo.disable
-def apply_with_saved_dynamo_disabled(
-    node_idx: int,
-    grads: list[Optional[torch.Tensor]],
-    saved_tensors: list[torch.Tensor],
-    saved_sizes: list[int],
-    saved_scalars: list[Any],
-) -> list[Optional[torch.Tensor]]:
-    """apply_with_saved behind a Dynamo graph break: for C++ autograd
-    Functions declared ``is_traceable = false``, which run eagerly."""
-    return _C.apply_with_saved(node_idx, grads, saved_tensors, saved_sizes, saved_scalars)
+def apply_with_saved_dynamo_disabled(*args: Any) -> list[Optional[torch.Tensor]]:
+    """apply_with_saved (same arguments) behind a Dynamo graph break: for C++
+    autograd Functions declared ``is_traceable = false``, which run eagerly."""
+    return _C.apply_with_saved(*args)
 
 
 @torch._dynamo.allow_in_graph
