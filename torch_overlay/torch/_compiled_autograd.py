@@ -37,7 +37,7 @@ from typing import Any, Optional
 import torch
 import torch.fx
 from torch import _compiled_autograd_C as _C
-from torch._dynamo.utils import counters
+from torch._dynamo.utils import counters, set_locals_to_steal
 from torch._logging import getArtifactLogger
 
 
@@ -63,10 +63,11 @@ class BackwardNode:
     Gradients flow into ``num_inputs`` slots and out along ``next_edges``:
     ``(position of the target node, its input slot)``, or None where nothing
     receives them. Index fields point into the lists the graph receives:
-    ``saved_tensors`` into ``tensors``; ``saved_sizes``, ``edge_sizes`` and
-    ``saved_scalars`` are ``[begin, end)`` ranges of ``sizes`` and
-    ``scalars``; hook fields index ``hooks``, except C++ tensor pre-hooks
-    (``is_python`` False), which the node keeps itself.
+    ``saved_tensors`` into ``tensors``; ``sizes`` and ``saved_scalars`` are
+    ``[begin, end)`` ranges of ``sizes`` and ``scalars`` (a node's sizes are
+    those of its saved state, then the shapes its next edges expect); hook
+    fields index ``hooks``, except C++ tensor pre-hooks (``is_python``
+    False), which the node keeps itself.
     """
 
     name: str
@@ -80,8 +81,7 @@ class BackwardNode:
     post_hooks: tuple[int, ...]
     post_acc_grad_hooks: tuple[int, ...]
     saved_tensors: tuple[int, ...]
-    saved_sizes: tuple[int, int]
-    edge_sizes: tuple[int, int]
+    sizes: tuple[int, int]
     saved_scalars: tuple[int, int]
 
     @staticmethod
@@ -101,8 +101,7 @@ class BackwardNode:
             post_hooks=tuple(collected["post_hooks"]),
             post_acc_grad_hooks=tuple(collected["post_acc_grad_hooks"]),
             saved_tensors=tuple(collected["saved_tensors"]),
-            saved_sizes=tuple(collected["saved_sizes"]),
-            edge_sizes=tuple(collected["edge_sizes"]),
+            sizes=tuple(collected["sizes"]),
             saved_scalars=tuple(collected["saved_scalars"]),
         )
 
@@ -218,14 +217,15 @@ def _apply(
         if node.kind == NodeKind.APPLY_WITH_SAVED
         else ops.apply_with_saved_dynamo_disabled
     )
+    node_sizes = _slice(sizes, node.sizes)
     outputs = apply(
         node_idx,
         grads,
         [tensors[i] for i in node.saved_tensors],
-        _slice(sizes, node.saved_sizes),
+        node_sizes,
         _slice(scalars, node.saved_scalars),
     )
-    return ops.validate_outputs(node_idx, outputs, _slice(sizes, node.edge_sizes))
+    return ops.validate_outputs(node_idx, outputs, node_sizes)
 
 
 def _slice(values: Sequence[Any], span: tuple[int, int]) -> Sequence[Any]:
@@ -243,16 +243,17 @@ def apply_with_saved(
     node_idx: int,
     grads: list[Optional[torch.Tensor]],
     saved_tensors: list[torch.Tensor],
-    saved_sizes: list[int],
+    sizes: list[int],
     saved_scalars: list[Any],
 ) -> list[Optional[torch.Tensor]]:
     """Applies node ``node_idx`` of the running backward to ``grads``, with
-    its saved tensors, sizes and scalars replaced by the given ones.
+    its saved tensors, sizes and scalars replaced by the given ones
+    (``sizes`` holds all the node's sizes, its saved ones first).
 
     Dynamo keeps this call in its graph; AOTAutograd traces through it into
     the node's aten ops.
     """
-    return _C.apply_with_saved(node_idx, grads, saved_tensors, saved_sizes, saved_scalars)
+    return _C.apply_with_saved(node_idx, grads, saved_tensors, sizes, saved_scalars)
 
 
 @torch._dynamo.disable
@@ -266,12 +267,12 @@ def apply_with_saved_dynamo_disabled(*args: Any) -> list[Optional[torch.Tensor]]
 def validate_outputs(
     node_idx: int,
     outputs: list[Optional[torch.Tensor]],
-    edge_sizes: list[int],
+    sizes: list[int],
 ) -> list[Optional[torch.Tensor]]:
     """The eager engine's checks and fix-ups of a node's outputs (shape,
-    dtype, device) against what the next nodes expect; ``edge_sizes`` are the
-    expected shapes."""
-    return _C.validate_outputs(node_idx, outputs, edge_sizes)
+    dtype, device) against what the next nodes expect; the expected shapes
+    are the tail of the node's ``sizes``."""
+    return _C.validate_outputs(node_idx, outputs, sizes)
 
 
 @torch._dynamo.disable
@@ -392,6 +393,8 @@ def capture(
     )
     graph.output(tracer.create_arg(outputs))
     graph_module = torch.fx.GraphModule(torch.nn.Module(), graph, "CompiledAutograd")
+    # Dynamo and AOTAutograd free each lifted tensor after its last use.
+    set_locals_to_steal(graph_module, ["inputs"])
     # What was traced, for debugging and for running the loop itself.
     graph_module.meta["backward_nodes"] = tuple(nodes)
     graph_module.meta["num_outputs"] = num_outputs
@@ -445,6 +448,15 @@ def _capture(
     return _CompiledBackward(compile_id, compiled)
 
 
+# While a captured graph runs, Dynamo treats its sizes as dynamic from the
+# first compile, so that a new batch size or sequence length does not make it
+# compile again; and it does not equate sizes that merely happen to be equal.
+# (One patch object each: a new ConfigPatch allocates a ContextVar, which
+# lives as long as the thread.)
+_DYNAMIC_SIZES = torch._dynamo.config.patch(assume_static_by_default=False)
+_NO_DUCK_SIZING = torch.fx.experimental._config.patch(use_duck_shape=False)
+
+
 class _CompiledBackward:
     """A compiled graph, run the way the legacy engine runs its graphs: with
     compiled autograd disabled (backwards inside hooks run eagerly) and
@@ -459,13 +471,19 @@ class _CompiledBackward:
     ) -> Any:
         from torch._dynamo import compiled_autograd as frontend
 
-        with frontend._disable(), frontend.make_compile_context(self.compile_id):
+        with frontend._disable(), frontend.make_compile_context(
+            self.compile_id
+        ), _DYNAMIC_SIZES, _NO_DUCK_SIZING:
             prior_region = frontend.in_compiled_autograd_region
             frontend.in_compiled_autograd_region = True
             try:
                 return self.compiled(inputs, sizes, scalars, hooks)
             finally:
                 frontend.in_compiled_autograd_region = prior_region
+                # Backends that do not steal the list leave it full, and
+                # Dynamo keeps the list of its first call as an example
+                # value: the lifted tensors must not outlive the backward.
+                inputs.clear()
 
 
 _reported_fallbacks: set[str] = set()

@@ -227,7 +227,9 @@ class Collector {
   void lift(NodeRecord& record) {
     AutogradCompilerCall& call = *record.call;
     record.tensor_ids.reserve(call.tensor_args.inputs.size());
+    record.tensor_args.reserve(call.tensor_args.inputs.size());
     for (const at::Tensor& t : call.tensor_args.inputs) {
+      record.tensor_args.push_back(&call.tensor_args.lookup(t));
       auto [it, inserted] = tensor_ids_.try_emplace(
           t.unsafeGetTensorImpl(), graph_.tensors.size());
       if (inserted) {
@@ -310,7 +312,40 @@ bool has_saved_tensor_hooks(const BackwardGraph& graph) {
   return false;
 }
 
+// TensorArgs keeps the map from a node's SavedVariables to their TensorArgs
+// private; it is the only list of a node's SavedVariables there is. Explicit
+// instantiation of a template may name private members, which gives read
+// access without changing the type.
+using SavedVariableArgs =
+    std::unordered_map<const torch::autograd::SavedVariable*, TensorArg*>;
+SavedVariableArgs& saved_variable_args(
+    torch::dynamo::autograd::TensorArgs& args);
+template <SavedVariableArgs torch::dynamo::autograd::TensorArgs::*Member>
+struct SavedVariableArgsAccess {
+  friend SavedVariableArgs& saved_variable_args(
+      torch::dynamo::autograd::TensorArgs& args) {
+    return args.*Member;
+  }
+};
+template struct SavedVariableArgsAccess<
+    &torch::dynamo::autograd::TensorArgs::_saved_variables>;
+
 } // namespace
+
+void detach_saved_values(BackwardGraph& graph, bool keep_graph) {
+  for (auto& record : graph.nodes) {
+    auto& tensor_args = record.call->tensor_args;
+    tensor_args.inputs.clear();
+    bool swapped_when_applied = record.kind == NodeKind::kApplyWithSaved ||
+        record.kind == NodeKind::kApplyWithSavedDynamoDisabled;
+    if (keep_graph || !swapped_when_applied) {
+      continue;
+    }
+    for (auto& [saved, _] : saved_variable_args(tensor_args)) {
+      const_cast<torch::autograd::SavedVariable*>(saved)->reset_data();
+    }
+  }
+}
 
 bool is_cpp_custom_function(const Node& node) {
   return std::strncmp(

@@ -27,6 +27,7 @@ using torch::autograd::Node;
 using torch::autograd::variable_list;
 using torch::dynamo::autograd::AutogradCompilerCall;
 using torch::dynamo::autograd::NodeCall;
+using torch::dynamo::autograd::TensorArg;
 
 // How the captured graph runs a node.
 enum class NodeKind : uint8_t {
@@ -59,7 +60,11 @@ struct NodeRecord {
   // false: the node only captures a gradient for autograd.grad (exec_info).
   bool needed = true;
 
-  // Global index (into BackwardGraph::tensors) of call->tensor_args.inputs[k].
+  // The node's tensors, in the order compiled_args collected them: where
+  // SwapSavedVariables looks for their replacements (in `call`), and their
+  // global index into BackwardGraph::tensors. The call itself keeps no
+  // reference to them once collection is over (see detach_saved_values).
+  std::vector<TensorArg*> tensor_args;
   std::vector<uint32_t> tensor_ids;
   // [sizes_begin, edge_sizes_begin): sizes from compiled_args;
   // [edge_sizes_begin, sizes_end): shapes of the next edges' input metadata.
@@ -108,6 +113,14 @@ std::variant<BackwardGraph, Unsupported> collect_backward_graph(
     const GraphTask& graph_task,
     bool accumulate_grad,
     size_t num_outputs);
+
+// Leaves BackwardGraph::tensors as the only owner of the lifted tensors, so
+// that whoever consumes that list frees them as it goes: drops the per-node
+// calls' references and, unless the graph is retained, the data of the saved
+// variables of nodes that the graph applies with substituted values (their
+// structure stays, so apply_with_saved still finds and swaps them; the nodes
+// are released for good after the backward).
+void detach_saved_values(BackwardGraph& graph, bool keep_graph);
 
 // C++ torch::autograd::Function nodes (CppNode<T>) announce whether they are
 // traceable only while being applied; see classify_custom_functions().

@@ -98,10 +98,7 @@ py::list describe_nodes(const BackwardGraph& graph) {
     node["post_hooks"] = record.post_hooks;
     node["post_acc_grad_hooks"] = record.post_acc_grad_hooks;
     node["saved_tensors"] = record.tensor_ids;
-    node["saved_sizes"] =
-        py::make_tuple(record.sizes_begin, record.edge_sizes_begin);
-    node["edge_sizes"] =
-        py::make_tuple(record.edge_sizes_begin, record.sizes_end);
+    node["sizes"] = py::make_tuple(record.sizes_begin, record.sizes_end);
     node["saved_scalars"] =
         py::make_tuple(record.scalars_begin, record.scalars_end);
     nodes.append(node);
@@ -130,7 +127,10 @@ py::object scalar_to_python(const c10::IValue& scalar) {
 }
 
 variable_list run_compiled(const py::object& compiled, BackwardGraph& graph) {
+  // The compiled graph may steal this list and free each tensor after its
+  // last use; nothing else may keep them alive (see detach_saved_values).
   py::list tensors = py::cast(graph.tensors);
+  graph.tensors.clear();
   py::list sizes = py::cast(graph.sizes);
   py::list scalars;
   for (const auto& scalar : graph.scalars) {
@@ -192,6 +192,7 @@ variable_list run_backward(
   BackwardGraph& graph = std::get<BackwardGraph>(collected);
   ActiveBackward active(graph);
   py::object compiled = compiled_graph_for(graph);
+  detach_saved_values(graph, graph_task.keep_graph_);
   variable_list grads = run_compiled(compiled, graph);
   finish(graph, graph_task);
   return grads;
@@ -256,25 +257,23 @@ PYBIND11_MODULE(_compiled_autograd_C, m) {
       [](int64_t node_idx,
          const std::vector<std::optional<at::Tensor>>& inputs,
          const std::vector<std::optional<at::Tensor>>& saved_tensors,
-         const std::vector<c10::SymInt>& saved_sizes,
+         const std::vector<c10::SymInt>& sizes,
          const py::list& saved_scalars) {
         NodeRecord& record = ActiveBackward::node(node_idx);
         return apply_with_saved(
             record,
             to_variable_list(inputs),
             to_variable_list(saved_tensors),
-            saved_sizes,
+            sizes,
             to_scalars(record, saved_scalars));
       });
   m.def(
       "validate_outputs",
       [](int64_t node_idx,
          const std::vector<std::optional<at::Tensor>>& outputs,
-         const std::vector<c10::SymInt>& edge_sizes) {
+         const std::vector<c10::SymInt>& sizes) {
         return validate_outputs(
-            ActiveBackward::node(node_idx),
-            to_variable_list(outputs),
-            edge_sizes);
+            ActiveBackward::node(node_idx), to_variable_list(outputs), sizes);
       });
   m.def(
       "apply_eagerly",

@@ -29,12 +29,11 @@ class SwappedValues {
       NodeRecord& record,
       const variable_list& tensors,
       const std::vector<c10::IValue>& scalars)
-      : call_(*record.call) {
-    auto& tensor_args = call_.tensor_args;
+      : record_(record) {
     for (size_t i = 0; i < tensors.size(); ++i) {
-      tensor_args.lookup(tensor_args.inputs[i]).proxy_tensor = tensors[i];
+      record.tensor_args[i]->proxy_tensor = tensors[i];
     }
-    auto& lifted = call_.lifted_ivalue_args;
+    auto& lifted = record.call->lifted_ivalue_args;
     lifted.next = 0;
     for (size_t i = 0; i < scalars.size(); ++i) {
       lifted.args[i].proxy = scalars[i];
@@ -42,17 +41,16 @@ class SwappedValues {
   }
 
   ~SwappedValues() {
-    auto& tensor_args = call_.tensor_args;
-    for (const auto& t : tensor_args.inputs) {
-      tensor_args.lookup(t).proxy_tensor = at::Tensor();
+    for (TensorArg* arg : record_.tensor_args) {
+      arg->proxy_tensor = at::Tensor();
     }
-    for (auto& arg : call_.lifted_ivalue_args.args) {
+    for (auto& arg : record_.call->lifted_ivalue_args.args) {
       arg.proxy = at::IValue::uninitialized();
     }
   }
 
  private:
-  AutogradCompilerCall& call_;
+  NodeRecord& record_;
 };
 
 void check_saved_values(
@@ -62,15 +60,15 @@ void check_saved_values(
     size_t num_scalars) {
   const auto& call = *record.call;
   TORCH_CHECK(
-      saved_tensors.size() == call.tensor_args.inputs.size() &&
-          num_sizes == record.edge_sizes_begin - record.sizes_begin &&
+      saved_tensors.size() == record.tensor_args.size() &&
+          num_sizes == record.sizes_end - record.sizes_begin &&
           num_scalars == call.lifted_ivalue_args.args.size(),
       "apply_with_saved(",
       record.node->name(),
       "): expected ",
-      call.tensor_args.inputs.size(),
+      record.tensor_args.size(),
       " tensors, ",
-      record.edge_sizes_begin - record.sizes_begin,
+      record.sizes_end - record.sizes_begin,
       " sizes and ",
       call.lifted_ivalue_args.args.size(),
       " scalars; got ",
@@ -118,10 +116,9 @@ variable_list apply_with_saved(
     NodeRecord& record,
     const variable_list& inputs,
     const variable_list& saved_tensors,
-    const std::vector<c10::SymInt>& saved_sizes,
+    const std::vector<c10::SymInt>& sizes,
     const std::vector<c10::IValue>& saved_scalars) {
-  check_saved_values(
-      record, saved_tensors, saved_sizes.size(), saved_scalars.size());
+  check_saved_values(record, saved_tensors, sizes.size(), saved_scalars.size());
   TORCH_CHECK(
       inputs.size() == record.node->num_inputs(),
       "apply_with_saved(",
@@ -131,11 +128,13 @@ variable_list apply_with_saved(
       " gradients, got ",
       inputs.size());
   SwappedValues swapped(record, saved_tensors, saved_scalars);
-  TraceState sizes(
-      std::vector<std::optional<c10::SymInt>>(
-          saved_sizes.begin(), saved_sizes.end()),
+  auto saved_sizes_end =
+      sizes.begin() + (record.edge_sizes_begin - record.sizes_begin);
+  TraceState saved_sizes(
+      std::vector<std::optional<c10::SymInt>>(sizes.begin(), saved_sizes_end),
       /*num_outputs=*/0);
-  SwapSavedVariables saved(*record.call, sizes, Py_None, *record.node_call);
+  SwapSavedVariables saved(
+      *record.call, saved_sizes, Py_None, *record.node_call);
   NodeApplication application(NodeApplication::Mode::kRun);
   variable_list outputs = record.node->apply_with_saved(inputs, saved);
   application.rethrow_if_failed();
@@ -145,31 +144,32 @@ variable_list apply_with_saved(
 variable_list validate_outputs(
     const NodeRecord& record,
     variable_list outputs,
-    const std::vector<c10::SymInt>& edge_sizes) {
+    const std::vector<c10::SymInt>& sizes) {
   auto metadata =
       torch::dynamo::autograd::get_input_metadata(record.node->next_edges());
-  size_t next = 0;
+  TORCH_CHECK(
+      sizes.size() == record.sizes_end - record.sizes_begin,
+      "validate_outputs(",
+      record.node->name(),
+      "): expected ",
+      record.sizes_end - record.sizes_begin,
+      " sizes, got ",
+      sizes.size());
+  size_t next = record.edge_sizes_begin - record.sizes_begin;
   for (auto& input_metadata : metadata) {
     if (!input_metadata.has_value()) {
       continue;
     }
     for (auto& size : input_metadata->mutable_shape_as_dim_vector()) {
       TORCH_CHECK(
-          next < edge_sizes.size(),
+          next < sizes.size(),
           "validate_outputs(",
           record.node->name(),
           "): too few sizes");
-      size = edge_sizes[next++];
+      size = sizes[next++];
     }
   }
-  TORCH_CHECK(
-      next == edge_sizes.size(),
-      "validate_outputs(",
-      record.node->name(),
-      "): expected ",
-      next,
-      " sizes, got ",
-      edge_sizes.size());
+  TORCH_INTERNAL_ASSERT(next == sizes.size());
   torch::autograd::validate_outputs(
       metadata, outputs, error_format(*record.node));
   return outputs;
@@ -212,12 +212,15 @@ void classify_custom_functions(BackwardGraph& graph) {
     if (!record.needed || !is_cpp_custom_function(*record.node)) {
       continue;
     }
-    const auto& call = *record.call;
+    variable_list tensors;
+    for (uint32_t id : record.tensor_ids) {
+      tensors.push_back(graph.tensors[id]);
+    }
     std::vector<c10::IValue> scalars;
-    for (const auto& arg : call.lifted_ivalue_args.args) {
+    for (const auto& arg : record.call->lifted_ivalue_args.args) {
       scalars.push_back(*arg.actual_ptr);
     }
-    SwappedValues swapped(record, call.tensor_args.inputs, scalars);
+    SwappedValues swapped(record, tensors, scalars);
     // nullopt sizes keep the node's own values.
     TraceState sizes(
         std::vector<std::optional<c10::SymInt>>(

@@ -23,21 +23,23 @@ class ActiveBackward {
 };
 
 // Node::apply_with_saved with the node's saved tensors, sizes and scalars
-// replaced by the given ones. The node is left exactly as it was, also when
-// the backward formula throws.
+// replaced by the given ones. `sizes` are all the node's sizes; those of its
+// saved state come first. The node is left exactly as it was, also when the
+// backward formula throws.
 variable_list apply_with_saved(
     NodeRecord& record,
     const variable_list& inputs,
     const variable_list& saved_tensors,
-    const std::vector<c10::SymInt>& saved_sizes,
+    const std::vector<c10::SymInt>& sizes,
     const std::vector<c10::IValue>& saved_scalars);
 
 // The eager engine's validate_outputs against the node's next edges, with
-// the shapes of their input metadata replaced by `edge_sizes`.
+// the shapes of their input metadata replaced by the tail of `sizes` (all
+// the node's sizes, as for apply_with_saved).
 variable_list validate_outputs(
     const NodeRecord& record,
     variable_list outputs,
-    const std::vector<c10::SymInt>& edge_sizes);
+    const std::vector<c10::SymInt>& sizes);
 
 // Runs the node itself, on its own saved values, then validates its outputs.
 variable_list apply_eagerly(NodeRecord& record, variable_list inputs);
