@@ -80,20 +80,18 @@ class TestCapture(expecttest.TestCase):
 def forward(self, inputs, sizes, scalars, hooks):
     getitem = inputs[0]
     getitem_1 = inputs[1];  inputs = None
-    apply_with_saved = torch._compiled_autograd.apply_with_saved(0, [None], [getitem], [], []);  getitem = None
-    validate_outputs = torch._compiled_autograd.validate_outputs(0, apply_with_saved, []);  apply_with_saved = None
+    apply_with_saved = torch._compiled_autograd.apply_with_saved(0, [None], [getitem], sizes, (0, 0), scalars, (0, 0));  getitem = None
+    validate_outputs = torch._compiled_autograd.validate_outputs(0, apply_with_saved, sizes, (0, 0));  apply_with_saved = None
     getitem_2 = validate_outputs[0];  validate_outputs = None
-    getitem_3 = sizes[slice(0, 2, None)]
-    apply_with_saved_1 = torch._compiled_autograd.apply_with_saved(1, [getitem_2], [], getitem_3, []);  getitem_2 = None
-    validate_outputs_1 = torch._compiled_autograd.validate_outputs(1, apply_with_saved_1, getitem_3);  apply_with_saved_1 = getitem_3 = None
-    getitem_4 = validate_outputs_1[0];  validate_outputs_1 = None
-    getitem_5 = hooks[0];  hooks = None
-    call_hook = torch._compiled_autograd.call_hook(getitem_5, getitem_4, hook_type = 'tensor_pre_hook');  getitem_5 = getitem_4 = None
-    getitem_6 = sizes[slice(2, 3, None)];  sizes = None
-    apply_with_saved_2 = torch._compiled_autograd.apply_with_saved(2, [call_hook], [getitem_1], getitem_6, []);  call_hook = None
-    validate_outputs_2 = torch._compiled_autograd.validate_outputs(2, apply_with_saved_2, getitem_6);  apply_with_saved_2 = getitem_6 = None
-    getitem_7 = validate_outputs_2[0];  validate_outputs_2 = None
-    accumulate_grad = torch._compiled_autograd.accumulate_grad(getitem_1, getitem_7);  getitem_1 = getitem_7 = accumulate_grad = None
+    apply_with_saved_1 = torch._compiled_autograd.apply_with_saved(1, [getitem_2], [], sizes, (0, 2), scalars, (0, 0));  getitem_2 = None
+    validate_outputs_1 = torch._compiled_autograd.validate_outputs(1, apply_with_saved_1, sizes, (0, 2));  apply_with_saved_1 = None
+    getitem_3 = validate_outputs_1[0];  validate_outputs_1 = None
+    getitem_4 = hooks[0];  hooks = None
+    call_hook = torch._compiled_autograd.call_hook(getitem_4, getitem_3, hook_type = 'tensor_pre_hook');  getitem_4 = getitem_3 = None
+    apply_with_saved_2 = torch._compiled_autograd.apply_with_saved(2, [call_hook], [getitem_1], sizes, (2, 3), scalars, (0, 0));  call_hook = scalars = None
+    validate_outputs_2 = torch._compiled_autograd.validate_outputs(2, apply_with_saved_2, sizes, (2, 3));  apply_with_saved_2 = sizes = None
+    getitem_5 = validate_outputs_2[0];  validate_outputs_2 = None
+    accumulate_grad = torch._compiled_autograd.accumulate_grad(getitem_1, getitem_5);  getitem_1 = getitem_5 = accumulate_grad = None
     return []""",
         )
 

@@ -217,20 +217,16 @@ def _apply(
         if node.kind == NodeKind.APPLY_WITH_SAVED
         else ops.apply_with_saved_dynamo_disabled
     )
-    node_sizes = _slice(sizes, node.sizes)
     outputs = apply(
         node_idx,
         grads,
         [tensors[i] for i in node.saved_tensors],
-        node_sizes,
-        _slice(scalars, node.saved_scalars),
+        sizes,
+        node.sizes,
+        scalars,
+        node.saved_scalars,
     )
-    return ops.validate_outputs(node_idx, outputs, node_sizes)
-
-
-def _slice(values: Sequence[Any], span: tuple[int, int]) -> Sequence[Any]:
-    begin, end = span
-    return values[begin:end] if end > begin else []
+    return ops.validate_outputs(node_idx, outputs, sizes, node.sizes)
 
 
 # ---------------------------------------------------------------------------
@@ -238,40 +234,72 @@ def _slice(values: Sequence[Any], span: tuple[int, int]) -> Sequence[Any]:
 # ---------------------------------------------------------------------------
 
 
-@torch._dynamo.allow_in_graph
+# The graph passes the whole sizes and scalars lists with each node's span of
+# them, rather than a slice per node, to stay small; these ops are inlined by
+# Dynamo, so the slicing happens while tracing and the ops Dynamo keeps in
+# its graph (_apply_node, _validate_node_outputs) see only their own values.
+
+
 def apply_with_saved(
     node_idx: int,
     grads: list[Optional[torch.Tensor]],
     saved_tensors: list[torch.Tensor],
     sizes: list[int],
-    saved_scalars: list[Any],
+    sizes_span: tuple[int, int],
+    scalars: list[Any],
+    scalars_span: tuple[int, int],
 ) -> list[Optional[torch.Tensor]]:
     """Applies node ``node_idx`` of the running backward to ``grads``, with
-    its saved tensors, sizes and scalars replaced by the given ones
-    (``sizes`` holds all the node's sizes, its saved ones first).
+    its saved tensors, sizes and scalars replaced by the given ones (its
+    sizes are ``sizes[slice(*sizes_span)]``, those of its saved state first).
 
-    Dynamo keeps this call in its graph; AOTAutograd traces through it into
-    the node's aten ops.
+    Dynamo keeps the node call in its graph; AOTAutograd traces through it
+    into the node's aten ops.
     """
-    return _C.apply_with_saved(node_idx, grads, saved_tensors, sizes, saved_scalars)
+    return _apply_node(
+        node_idx, grads, saved_tensors, _span(sizes, sizes_span), _span(scalars, scalars_span)
+    )
 
 
 @torch._dynamo.disable
 def apply_with_saved_dynamo_disabled(*args: Any) -> list[Optional[torch.Tensor]]:
     """apply_with_saved (same arguments) behind a Dynamo graph break: for C++
     autograd Functions declared ``is_traceable = false``, which run eagerly."""
-    return _C.apply_with_saved(*args)
+    return apply_with_saved(*args)
 
 
-@torch._dynamo.allow_in_graph
 def validate_outputs(
     node_idx: int,
     outputs: list[Optional[torch.Tensor]],
     sizes: list[int],
+    sizes_span: tuple[int, int],
 ) -> list[Optional[torch.Tensor]]:
     """The eager engine's checks and fix-ups of a node's outputs (shape,
     dtype, device) against what the next nodes expect; the expected shapes
-    are the tail of the node's ``sizes``."""
+    are the tail of the node's sizes, ``sizes[slice(*sizes_span)]``."""
+    return _validate_node_outputs(node_idx, outputs, _span(sizes, sizes_span))
+
+
+def _span(values: Sequence[Any], span: tuple[int, int]) -> list[Any]:
+    begin, end = span
+    return list(values[begin:end])
+
+
+@torch._dynamo.allow_in_graph
+def _apply_node(
+    node_idx: int,
+    grads: list[Optional[torch.Tensor]],
+    saved_tensors: list[torch.Tensor],
+    sizes: list[Any],
+    scalars: list[Any],
+) -> list[Optional[torch.Tensor]]:
+    return _C.apply_with_saved(node_idx, grads, saved_tensors, sizes, scalars)
+
+
+@torch._dynamo.allow_in_graph
+def _validate_node_outputs(
+    node_idx: int, outputs: list[Optional[torch.Tensor]], sizes: list[Any]
+) -> list[Optional[torch.Tensor]]:
     return _C.validate_outputs(node_idx, outputs, sizes)
 
 
