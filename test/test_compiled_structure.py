@@ -1,0 +1,67 @@
+"""Structural properties of what the engine hands to the compiler: one
+capture and one Dynamo compile across batch sizes and sequence lengths, and a
+captured graph a few times the size of the autograd graph. (Speed itself is
+measured by `make bench`, never asserted.)"""
+
+import torch
+
+from helpers import captures, compiled_autograd
+from models import transformer_encoder, transformer_input
+
+
+def autograd_node_count(tensor):
+    seen, stack = set(), [tensor.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        stack.extend(next_fn for next_fn, _ in fn.next_functions)
+    return len(seen)
+
+
+class CountingCompiler:
+    """torch.compile(backend="eager") that counts Dynamo's graph compiles and
+    keeps the captured graphs it is given."""
+
+    def __init__(self):
+        self.captured = []
+        self.dynamo_compiles = 0
+
+    def backend(self, graph_module, example_inputs):
+        self.dynamo_compiles += 1
+        return graph_module.forward
+
+    def __call__(self, captured_graph):
+        self.captured.append(captured_graph)
+        return torch.compile(captured_graph, backend=self.backend)
+
+
+def test_new_batch_sizes_and_sequence_lengths_neither_capture_nor_compile_again():
+    torch.manual_seed(0)
+    model = transformer_encoder()
+    compiler = CountingCompiler()
+    for batch, seq in [(4, 8), (5, 8), (6, 8), (8, 8), (8, 12), (8, 16)]:
+        x = transformer_input(batch, seq)
+        model.zero_grad(set_to_none=True)
+        model(x).sum().backward()
+        expected = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        with compiled_autograd(compiler):
+            model(x).sum().backward()
+        for e, a in zip(expected, (p.grad for p in model.parameters())):
+            assert torch.equal(e, a)
+    assert captures() == 1
+    assert compiler.dynamo_compiles == 1
+
+
+def test_captured_graph_is_at_most_four_times_the_autograd_graph():
+    torch.manual_seed(0)
+    model = transformer_encoder(layers=4, d_model=64)
+    loss = model(transformer_input(4, seq=16, d_model=64)).sum()
+    num_autograd_nodes = autograd_node_count(loss)
+    compiler = CountingCompiler()
+    with compiled_autograd(lambda gm: compiler.captured.append(gm) or gm):
+        loss.backward()
+    (captured,) = compiler.captured
+    assert len(captured.graph.nodes) <= 4 * num_autograd_nodes
