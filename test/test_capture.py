@@ -95,6 +95,22 @@ def forward(self, inputs, sizes, scalars, hooks):
     return []""",
         )
 
+    def test_every_capture_says_why_the_cache_missed(self):
+        reasons = []
+
+        def record_reason(gm):
+            reasons.append(gm.meta["capture_reason"])
+            return gm
+
+        x = torch.randn(3, requires_grad=True)
+        with compiled_autograd(record_reason):
+            (x.sin() * 2).sum().backward()
+            (x.sin() * 2).sum().backward()  # same structure: no capture
+            (x.cos() * 2).sum().backward()
+        self.assertEqual(len(reasons), 2)
+        self.assertEqual(reasons[0], "no graph captured yet")
+        self.assertIn("(CosBackward0) replaces SinBackward0", reasons[1])
+
     def test_python_autograd_runs_directly_on_real_values(self):
         """The engine loop is plain Python: run on the real lifted values
         instead of being traced, it is an (uncompiled) backward pass."""

@@ -455,9 +455,10 @@ def reset() -> None:
 
 
 def _capture(
-    collected_nodes: list[dict[str, Any]], num_outputs: int, num_tensors: int
+    collected_nodes: list[dict[str, Any]], num_outputs: int, num_tensors: int, reason: str
 ) -> Callable[..., Any]:
-    """Called from C++ on a cache miss: captures and compiles a graph."""
+    """Called from C++ on a cache miss (``reason`` says why): captures and
+    compiles a graph."""
     from torch._dynamo import compiled_autograd as frontend
 
     assert _compiler_fn is not None, "the Python compiled autograd engine is not installed"
@@ -465,10 +466,13 @@ def _capture(
     counters["compiled_autograd"]["captures"] += 1
     compile_id = next(frontend.COMPILE_COUNTER)
     graph_module = capture(nodes, num_outputs, num_tensors)
+    graph_module.meta["capture_reason"] = reason
     log.info(
-        "Compiled autograd graph %d (python engine, %d autograd nodes):\n%s",
+        "Compiled autograd graph %d (python engine, %d autograd nodes), captured "
+        "because %s:\n%s",
         compile_id,
         len(nodes),
+        reason,
         graph_module.print_readable(print_output=False),
     )
     with frontend.make_compile_context(compile_id):

@@ -296,6 +296,7 @@ class Collector {
     }
     append_to_key(key, record.sizes_end - record.sizes_begin);
     append_to_key(key, record.scalars_end - record.scalars_begin);
+    graph_.node_key_ends.push_back(key.size());
   }
 
   const GraphTask& task_;

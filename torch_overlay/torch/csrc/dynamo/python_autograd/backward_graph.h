@@ -90,6 +90,8 @@ struct BackwardGraph {
   // Everything the captured graph specializes on; equal keys mean the same
   // captured graph runs correctly on both backwards.
   std::string key;
+  // Where each node's part of `key` ends, to explain cache misses.
+  std::vector<size_t> node_key_ends;
   std::vector<at::Tensor> tensors; // de-duplicated across nodes
   std::vector<int64_t> sizes;
   std::vector<c10::IValue> scalars;

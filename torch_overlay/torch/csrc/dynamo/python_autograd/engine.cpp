@@ -33,11 +33,55 @@ py::module_ python_engine() {
   return py::module_::import("torch._compiled_autograd");
 }
 
+struct CompiledGraph {
+  py::object compiled;
+  // Enough of the captured BackwardGraph to say how a later one differs.
+  std::vector<size_t> node_key_ends;
+  std::vector<std::string> node_names;
+};
+
 // Captured-and-compiled graphs by BackwardGraph::key. Touched only with the
 // GIL held.
-std::unordered_map<std::string, py::object>& compiled_graphs() {
-  static auto* cache = new std::unordered_map<std::string, py::object>();
+struct CompiledGraphs {
+  std::unordered_map<std::string, CompiledGraph> by_key;
+  // The entry the previous backward used: a miss is explained against it.
+  const std::pair<const std::string, CompiledGraph>* last_used = nullptr;
+};
+
+CompiledGraphs& compiled_graphs() {
+  static auto* cache = new CompiledGraphs();
   return *cache;
+}
+
+// Why `graph` missed the cache, in terms of the graph the previous backward
+// used: the first node whose collected state differs.
+std::string explain_cache_miss(const BackwardGraph& graph) {
+  const auto* previous = compiled_graphs().last_used;
+  if (previous == nullptr) {
+    return "no graph captured yet";
+  }
+  const auto& [previous_key, previous_graph] = *previous;
+  size_t common = std::min(graph.nodes.size(), previous_graph.node_names.size());
+  size_t begin = 0;
+  for (size_t i = 0; i < common; ++i) {
+    size_t end = graph.node_key_ends[i];
+    bool same = end == previous_graph.node_key_ends[i] &&
+        graph.key.compare(begin, end - begin, previous_key, begin, end - begin) ==
+            0;
+    if (!same) {
+      std::string name = graph.nodes[i].node->name();
+      const std::string& previous_name = previous_graph.node_names[i];
+      return "node " + std::to_string(i) + " (" + name + ") " +
+          (name == previous_name
+               ? "has different saved state, hooks or edges"
+               : "replaces " + previous_name) +
+          " compared with the previous backward's graph";
+    }
+    begin = end;
+  }
+  return "the graph has " + std::to_string(graph.nodes.size()) +
+      " nodes, the previous backward's had " +
+      std::to_string(previous_graph.node_names.size());
 }
 
 std::optional<Unsupported> unsupported_mode() {
@@ -108,15 +152,26 @@ py::list describe_nodes(const BackwardGraph& graph) {
 
 py::object compiled_graph_for(BackwardGraph& graph) {
   auto& cache = compiled_graphs();
-  auto it = cache.find(graph.key);
-  if (it != cache.end()) {
-    return it->second;
+  auto it = cache.by_key.find(graph.key);
+  if (it == cache.by_key.end()) {
+    classify_custom_functions(graph);
+    py::object compiled = python_engine().attr("_capture")(
+        describe_nodes(graph),
+        graph.num_outputs,
+        graph.tensors.size(),
+        explain_cache_miss(graph));
+    std::vector<std::string> names;
+    for (const auto& record : graph.nodes) {
+      names.push_back(record.node->name());
+    }
+    it = cache.by_key
+             .emplace(
+                 graph.key,
+                 CompiledGraph{compiled, graph.node_key_ends, std::move(names)})
+             .first;
   }
-  classify_custom_functions(graph);
-  py::object compiled = python_engine().attr("_capture")(
-      describe_nodes(graph), graph.num_outputs, graph.tensors.size());
-  cache.emplace(graph.key, compiled);
-  return compiled;
+  cache.last_used = &*it;
+  return it->second.compiled;
 }
 
 py::object scalar_to_python(const c10::IValue& scalar) {
@@ -249,8 +304,11 @@ PYBIND11_MODULE(_compiled_autograd_C, m) {
       },
       "Routes every backward to the Python engine (True) or to nothing "
       "(False: eager autograd, unless the legacy engine installs itself).");
-  m.def("clear_cache", []() { compiled_graphs().clear(); });
-  m.def("cache_size", []() { return compiled_graphs().size(); });
+  m.def("clear_cache", []() {
+    compiled_graphs().last_used = nullptr;
+    compiled_graphs().by_key.clear();
+  });
+  m.def("cache_size", []() { return compiled_graphs().by_key.size(); });
 
   m.def(
       "apply_with_saved",
