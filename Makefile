@@ -11,7 +11,7 @@ BUILD_ARGS ?=
 VENV_PYTHON := $(VENV)/bin/python
 TEST_ENV := PCA_SHARED=$(abspath $(SHARED))
 
-.PHONY: all build verify install run test check-build-scripts clean distclean
+.PHONY: all build verify install run test bench bench-quick bench-requirements check-build-scripts clean distclean
 
 all: build
 
@@ -29,6 +29,28 @@ install: build
 run: install
 	@test -f bench/demo.py || { echo "make run: bench/demo.py does not exist yet (it is written with the benchmarks in bench/)" >&2; exit 1; }
 	$(TEST_ENV) $(VENV_PYTHON) bench/demo.py
+
+# Benchmarks (bench/bench.py; method in docs/performance.md). `make bench` takes 30-60 min
+# on 2 cores and writes bench/results.{md,json}; `make bench-quick` a few minutes, writing
+# bench/results-quick.{md,json}. Extra options: make bench BENCH_ARGS="--backend eager".
+BENCH_ARGS ?=
+BENCH_ENV := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+BENCH_STAMP := $(VENV)/.bench-requirements.stamp
+
+bench: install bench-requirements
+	$(BENCH_ENV) $(VENV_PYTHON) bench/bench.py $(BENCH_ARGS)
+
+bench-quick: install bench-requirements
+	$(BENCH_ENV) $(VENV_PYTHON) bench/bench.py --quick $(BENCH_ARGS)
+
+bench-requirements: $(BENCH_STAMP)
+
+# Installed once per venv and again when bench/requirements.txt changes; the import check
+# makes sure transformers works with the patched torch (its torch models need torch itself).
+$(BENCH_STAMP): bench/requirements.txt
+	$(VENV_PYTHON) -m pip install -q --progress-bar off -r bench/requirements.txt
+	$(BENCH_ENV) $(VENV_PYTHON) -c "import torch, transformers; from transformers import GPT2LMHeadModel, BertForMaskedLM; print('[bench] transformers', transformers.__version__, 'with torch', torch.__version__)"
+	touch $@
 
 # pytest exits 5 when it collects no test: that fails here on purpose, so CI never
 # passes without running tests.

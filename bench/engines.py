@@ -6,7 +6,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch._dynamo.utils import counters
@@ -16,19 +16,99 @@ ENGINES = ("eager", "legacy", "python")
 
 
 @contextlib.contextmanager
-def backward_engine(engine: str, backend: str):
+def backward_engine(
+    engine: str,
+    backend: str = "eager",
+    compiler_fn: Optional[Callable[[torch.fx.GraphModule], Any]] = None,
+):
     """Backward passes inside run on ``engine``; compiled graphs go through
-    ``torch.compile(backend=backend)``."""
+    ``compiler_fn``, by default ``torch.compile(backend=backend)``."""
     if engine == "eager":
         yield
         return
+    if compiler_fn is None:
+        compiler_fn = CompilerRecorder(backend)
     prior = torch._dynamo.config.compiled_autograd_engine
     torch._dynamo.config.compiled_autograd_engine = engine
     try:
-        with torch._dynamo.compiled_autograd._enable(lambda gm: torch.compile(gm, backend=backend)):
+        with torch._dynamo.compiled_autograd._enable(compiler_fn):
             yield
     finally:
         torch._dynamo.config.compiled_autograd_engine = prior
+
+
+class CompilerRecorder:
+    """A compiled autograd ``compiler_fn``: records the size of every
+    captured GraphModule it is handed (both engines hand it one), then
+    returns ``torch.compile(gm, backend=backend)``, which compiles lazily on
+    the graph's first call."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.graph_nodes: list[int] = []  # len(gm.graph.nodes), per captured graph
+
+    def __call__(self, gm: torch.fx.GraphModule) -> Callable[..., Any]:
+        self.graph_nodes.append(len(gm.graph.nodes))
+        return torch.compile(gm, backend=self.backend)
+
+
+class CaptureTimer:
+    """Times phase 1 (capture) of both compiled autograd engines while active.
+
+    - python engine: the call of ``torch._compiled_autograd.capture`` (the
+      fx trace of ``python_autograd``), which ``_capture`` looks up at call time;
+    - legacy engine: from the start of ``AutogradCompilerInstance.begin_capture``
+      to the return of ``end_capture`` (every node traced with FakeTensors
+      under make_fx; this window also holds the ``compiler_fn`` call at the
+      end of ``end_capture``, which with ``torch.compile`` only wraps the
+      graph -- compiling happens on its first call).
+
+    ``seconds`` lists one entry per capture, in order.
+    """
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self._restore: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> "CaptureTimer":
+        import torch._compiled_autograd as python_engine
+        from torch._dynamo.compiled_autograd import AutogradCompilerInstance as Legacy
+
+        self._patch(python_engine, "capture", self._timed(python_engine.capture))
+        begin, end = Legacy.begin_capture, Legacy.end_capture
+        timer = self
+
+        def begin_capture(instance: Any, *args: Any, **kwargs: Any) -> Any:
+            instance._bench_capture_start = time.perf_counter()
+            return begin(instance, *args, **kwargs)
+
+        def end_capture(instance: Any, *args: Any, **kwargs: Any) -> Any:
+            result = end(instance, *args, **kwargs)
+            timer.seconds.append(time.perf_counter() - instance._bench_capture_start)
+            return result
+
+        self._patch(Legacy, "begin_capture", begin_capture)
+        self._patch(Legacy, "end_capture", end_capture)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for owner, name, original in reversed(self._restore):
+            setattr(owner, name, original)
+        self._restore.clear()
+
+    def _patch(self, owner: Any, name: str, replacement: Any) -> None:
+        self._restore.append((owner, name, owner.__dict__[name]))
+        setattr(owner, name, replacement)
+
+    def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds.append(time.perf_counter() - start)
+
+        return timed
 
 
 @dataclass
