@@ -107,7 +107,9 @@ def test_in_place_modification_of_saved_tensor_raises_eagers_error():
 def test_legacy_and_python_engines_in_one_process():
     def fn():
         model = torch.nn.Linear(4, 2)
-        model(torch.randn(3, 4)).sum().backward()
+        # `* 0.9` saves a wrapped-number tensor: the engine that runs second
+        # calls the functional the first one bound, with that tensor.
+        (model(torch.randn(3, 4)) * 0.9).sum().backward()
         return [p.grad for p in model.parameters()]
 
     torch.manual_seed(0)

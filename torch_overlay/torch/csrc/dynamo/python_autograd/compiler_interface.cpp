@@ -68,7 +68,11 @@ class SharedFunctionals {
     py::tuple args(packed_args.size() + 1);
     args[0] = py::cast(inputs);
     for (size_t i = 0; i < packed_args.size(); ++i) {
-      args[i + 1] = torch::jit::toPyObject(packed_args[i]);
+      const c10::IValue& arg = packed_args[i];
+      // toPyObject turns wrapped-number tensors (a Python scalar in an
+      // expression like x * 0.9) into Python floats; the op wants tensors.
+      args[i + 1] = arg.isTensor() ? py::cast(arg.toTensor())
+                                   : torch::jit::toPyObject(arg);
     }
     py::object result = legacy_ops().attr("get")(name)(*args);
     return to_variable_list(result);
