@@ -65,3 +65,15 @@ def test_captured_graph_is_at_most_four_times_the_autograd_graph():
         loss.backward()
     (captured,) = compiler.captured
     assert len(captured.graph.nodes) <= 4 * num_autograd_nodes
+
+
+def test_dynamic_false_specializes_first_and_recompiles_once_sizes_change():
+    torch.manual_seed(0)
+    model = transformer_encoder()
+    compiler = CountingCompiler()
+    for batch in (4, 4, 5, 6):
+        model.zero_grad(set_to_none=True)
+        with torch._dynamo.compiled_autograd._enable(compiler, dynamic=False):
+            model(transformer_input(batch)).sum().backward()
+    assert captures() == 1
+    assert compiler.dynamo_compiles == 2  # static, then dynamic from batch 5 on

@@ -26,6 +26,7 @@ Example::
 upstream engine instead (torch/_dynamo/compiled_autograd.py).
 """
 
+import contextlib
 import dataclasses
 import enum
 import logging
@@ -434,18 +435,28 @@ def capture(
 # ---------------------------------------------------------------------------
 
 
-_compiler_fn: Optional[Callable[[torch.fx.GraphModule], Callable[..., Any]]] = None
+@dataclasses.dataclass(frozen=True)
+class Installation:
+    """What backward passes are routed to: the compiler for captured graphs,
+    and whether Dynamo treats their sizes as dynamic from the first compile
+    (``dynamic``: one compile for all shapes, at the price of a slower first
+    compile) or specializes first and recompiles once a size changes (as
+    torch.compile does by default)."""
+
+    compiler_fn: Callable[[torch.fx.GraphModule], Callable[..., Any]]
+    dynamic: bool = True
 
 
-def install(
-    compiler_fn: Optional[Callable[[torch.fx.GraphModule], Callable[..., Any]]],
-) -> Optional[Callable[[torch.fx.GraphModule], Callable[..., Any]]]:
-    """Routes backward passes to this engine with ``compiler_fn``, or stops
-    routing them here (None). Returns the previous compiler_fn."""
-    global _compiler_fn
-    prior, _compiler_fn = _compiler_fn, compiler_fn
-    if (prior is None) != (compiler_fn is None):
-        _C.install(compiler_fn is not None)
+_installation: Optional[Installation] = None
+
+
+def install(installation: Optional[Installation]) -> Optional[Installation]:
+    """Routes backward passes to this engine, or stops routing them here
+    (None). Returns the previous installation."""
+    global _installation
+    prior, _installation = _installation, installation
+    if (prior is None) != (installation is None):
+        _C.install(installation is not None)
     return prior
 
 
@@ -461,7 +472,7 @@ def _capture(
     compiles a graph."""
     from torch._dynamo import compiled_autograd as frontend
 
-    assert _compiler_fn is not None, "the Python compiled autograd engine is not installed"
+    assert _installation is not None, "the Python compiled autograd engine is not installed"
     nodes = [BackwardNode.from_collected(node) for node in collected_nodes]
     counters["compiled_autograd"]["captures"] += 1
     compile_id = next(frontend.COMPILE_COUNTER)
@@ -476,17 +487,20 @@ def _capture(
         graph_module.print_readable(print_output=False),
     )
     with frontend.make_compile_context(compile_id):
-        compiled = _compiler_fn(graph_module)
-    return _CompiledBackward(compile_id, compiled)
+        compiled = _installation.compiler_fn(graph_module)
+    return _CompiledBackward(compile_id, compiled, _installation.dynamic)
 
 
-# While a captured graph runs, Dynamo treats its sizes as dynamic from the
-# first compile, so that a new batch size or sequence length does not make it
-# compile again; and it does not equate sizes that merely happen to be equal.
-# (One patch object each: a new ConfigPatch allocates a ContextVar, which
-# lives as long as the thread.)
-_DYNAMIC_SIZES = torch._dynamo.config.patch(assume_static_by_default=False)
-_NO_DUCK_SIZING = torch.fx.experimental._config.patch(use_duck_shape=False)
+# While a graph captured with dynamic=True runs, Dynamo treats its sizes as
+# dynamic from the first compile, so that a new batch size or sequence length
+# does not make it compile again; and it does not equate sizes that merely
+# happen to be equal (a sequence length that equals the head size would
+# otherwise compile again once it changes). One patch object each: a new
+# ConfigPatch allocates a ContextVar, which lives as long as the thread.
+_DYNAMIC_SHAPES = (
+    torch._dynamo.config.patch(assume_static_by_default=False),
+    torch.fx.experimental._config.patch(use_duck_shape=False),
+)
 
 
 class _CompiledBackward:
@@ -494,9 +508,10 @@ class _CompiledBackward:
     compiled autograd disabled (backwards inside hooks run eagerly) and
     marked as a compiled autograd region for Dynamo and AOTAutograd."""
 
-    def __init__(self, compile_id: int, compiled: Callable[..., Any]) -> None:
+    def __init__(self, compile_id: int, compiled: Callable[..., Any], dynamic: bool) -> None:
         self.compile_id = compile_id
         self.compiled = compiled
+        self.shape_configs = _DYNAMIC_SHAPES if dynamic else ()
 
     def __call__(
         self, inputs: list[torch.Tensor], sizes: list[int], scalars: list[Any], hooks: list[Any]
@@ -505,7 +520,9 @@ class _CompiledBackward:
 
         with frontend._disable(), frontend.make_compile_context(
             self.compile_id
-        ), _DYNAMIC_SIZES, _NO_DUCK_SIZING:
+        ), contextlib.ExitStack() as configs:
+            for config in self.shape_configs:
+                configs.enter_context(config)
             prior_region = frontend.in_compiled_autograd_region
             frontend.in_compiled_autograd_region = True
             try:
