@@ -15,6 +15,16 @@ from torch._dynamo.utils import counters
 ENGINES = ("eager", "legacy", "python")
 
 
+# Compiled engines: (compiled_autograd_engine, _enable's dynamic). "python"
+# compiles the captured graph with symbolic sizes from the start;
+# "python-static" specializes first, like torch.compile's default.
+COMPILED_ENGINE_SETTINGS = {
+    "legacy": ("legacy", True),
+    "python": ("python", True),
+    "python-static": ("python", False),
+}
+
+
 @contextlib.contextmanager
 def backward_engine(
     engine: str,
@@ -28,10 +38,11 @@ def backward_engine(
         return
     if compiler_fn is None:
         compiler_fn = CompilerRecorder(backend)
+    engine_name, dynamic = COMPILED_ENGINE_SETTINGS[engine]
     prior = torch._dynamo.config.compiled_autograd_engine
-    torch._dynamo.config.compiled_autograd_engine = engine
+    torch._dynamo.config.compiled_autograd_engine = engine_name
     try:
-        with torch._dynamo.compiled_autograd._enable(compiler_fn):
+        with torch._dynamo.compiled_autograd._enable(compiler_fn, dynamic=dynamic):
             yield
     finally:
         torch._dynamo.config.compiled_autograd_engine = prior
