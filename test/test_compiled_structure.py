@@ -77,3 +77,11 @@ def test_dynamic_false_specializes_first_and_recompiles_once_sizes_change():
             model(transformer_input(batch)).sum().backward()
     assert captures() == 1
     assert compiler.dynamo_compiles == 2  # static, then dynamic from batch 5 on
+
+
+def test_static_and_dynamic_installations_do_not_share_compiled_graphs():
+    model = torch.nn.Linear(4, 2)
+    for dynamic in (True, False, True, False):
+        with torch._dynamo.compiled_autograd._enable(CountingCompiler(), dynamic=dynamic):
+            model(torch.randn(3, 4)).sum().backward()
+    assert captures() == 2

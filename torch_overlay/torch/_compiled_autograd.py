@@ -455,8 +455,8 @@ def install(installation: Optional[Installation]) -> Optional[Installation]:
     (None). Returns the previous installation."""
     global _installation
     prior, _installation = _installation, installation
-    if (prior is None) != (installation is None):
-        _C.install(installation is not None)
+    if prior is not None or installation is not None:
+        _C.install(installation is not None, installation is None or installation.dynamic)
     return prior
 
 

@@ -17,6 +17,7 @@
 
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 
+#include <array>
 #include <string>
 #include <unordered_map>
 
@@ -48,9 +49,16 @@ struct CompiledGraphs {
   const std::pair<const std::string, CompiledGraph>* last_used = nullptr;
 };
 
+// One cache per value of _enable's `dynamic`: a graph compiled with static
+// shapes must not serve an installation that asked for dynamic ones.
+std::array<CompiledGraphs, 2>& all_compiled_graphs() {
+  static auto* caches = new std::array<CompiledGraphs, 2>();
+  return *caches;
+}
+bool dynamic_shapes = true;
+
 CompiledGraphs& compiled_graphs() {
-  static auto* cache = new CompiledGraphs();
-  return *cache;
+  return all_compiled_graphs()[dynamic_shapes];
 }
 
 // Why `graph` missed the cache, in terms of the graph the previous backward
@@ -299,16 +307,26 @@ PYBIND11_MODULE(_compiled_autograd_C, m) {
 
   m.def(
       "install",
-      [](bool enabled) {
+      [](bool enabled, bool dynamic) {
+        dynamic_shapes = dynamic;
         Engine::set_compiled_autograd(enabled ? &run_backward : nullptr);
       },
       "Routes every backward to the Python engine (True) or to nothing "
-      "(False: eager autograd, unless the legacy engine installs itself).");
+      "(False: eager autograd, unless the legacy engine installs itself); "
+      "`dynamic` selects the cache of graphs compiled with dynamic shapes.");
   m.def("clear_cache", []() {
-    compiled_graphs().last_used = nullptr;
-    compiled_graphs().by_key.clear();
+    for (auto& cache : all_compiled_graphs()) {
+      cache.last_used = nullptr;
+      cache.by_key.clear();
+    }
   });
-  m.def("cache_size", []() { return compiled_graphs().by_key.size(); });
+  m.def("cache_size", []() {
+    size_t size = 0;
+    for (const auto& cache : all_compiled_graphs()) {
+      size += cache.by_key.size();
+    }
+    return size;
+  });
 
   m.def(
       "apply_with_saved",
