@@ -49,8 +49,8 @@ from engines import CaptureTimer, CompilerRecorder, backward_engine  # noqa: E40
 import report  # noqa: E402
 from workloads import FULL, MODELS, QUICK, Inputs, Model, count_autograd_nodes  # noqa: E402
 
-ENGINES = ("eager", "legacy", "python", "python-static")
-COMPILED_ENGINES = ("legacy", "python", "python-static")
+ENGINES = ("eager", "legacy", "python", "python-symbolic")
+COMPILED_ENGINES = ("legacy", "python", "python-symbolic")
 WARMUP_REPS = 3
 MODEL_SEED = 0
 INPUT_SEED = 1

@@ -15,13 +15,14 @@ from torch._dynamo.utils import counters
 ENGINES = ("eager", "legacy", "python")
 
 
-# Compiled engines: (compiled_autograd_engine, _enable's dynamic). "python"
-# compiles the captured graph with symbolic sizes from the start;
-# "python-static" specializes first, like torch.compile's default.
+# Compiled engines: (compiled_autograd_engine, compiled_autograd_symbolic_sizes).
+# "python" leaves shapes to Dynamo's defaults (static first compile, one
+# recompile when a size changes); "python-symbolic" compiles with every size
+# symbolic from the start.
 COMPILED_ENGINE_SETTINGS = {
-    "legacy": ("legacy", True),
-    "python": ("python", True),
-    "python-static": ("python", False),
+    "legacy": ("legacy", False),
+    "python": ("python", False),
+    "python-symbolic": ("python", True),
 }
 
 
@@ -38,14 +39,16 @@ def backward_engine(
         return
     if compiler_fn is None:
         compiler_fn = CompilerRecorder(backend)
-    engine_name, dynamic = COMPILED_ENGINE_SETTINGS[engine]
-    prior = torch._dynamo.config.compiled_autograd_engine
-    torch._dynamo.config.compiled_autograd_engine = engine_name
+    config = torch._dynamo.config
+    prior = (config.compiled_autograd_engine, config.compiled_autograd_symbolic_sizes)
+    config.compiled_autograd_engine, config.compiled_autograd_symbolic_sizes = (
+        COMPILED_ENGINE_SETTINGS[engine]
+    )
     try:
-        with torch._dynamo.compiled_autograd._enable(compiler_fn, dynamic=dynamic):
+        with torch._dynamo.compiled_autograd._enable(compiler_fn):
             yield
     finally:
-        torch._dynamo.config.compiled_autograd_engine = prior
+        config.compiled_autograd_engine, config.compiled_autograd_symbolic_sizes = prior
 
 
 class CompilerRecorder:

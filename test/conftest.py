@@ -21,3 +21,4 @@ def fresh_compiled_autograd():
     yield
     torch._dynamo.reset()
     torch._dynamo.config.compiled_autograd_engine = "python"
+    torch._dynamo.config.compiled_autograd_symbolic_sizes = False

@@ -37,7 +37,8 @@ class CountingCompiler:
         return torch.compile(captured_graph, backend=self.backend)
 
 
-def test_new_batch_sizes_and_sequence_lengths_neither_capture_nor_compile_again():
+def test_symbolic_sizes_new_shapes_neither_capture_nor_compile_again():
+    torch._dynamo.config.compiled_autograd_symbolic_sizes = True
     torch.manual_seed(0)
     model = transformer_encoder()
     compiler = CountingCompiler()
@@ -67,21 +68,26 @@ def test_captured_graph_is_at_most_four_times_the_autograd_graph():
     assert len(captured.graph.nodes) <= 4 * num_autograd_nodes
 
 
-def test_dynamic_false_specializes_first_and_recompiles_once_sizes_change():
+def test_by_default_new_shapes_do_not_capture_and_dynamo_generalizes_once_per_dimension():
     torch.manual_seed(0)
     model = transformer_encoder()
     compiler = CountingCompiler()
-    for batch in (4, 4, 5, 6):
+    compiles = []
+    for batch, seq in [(4, 8), (4, 8), (5, 8), (6, 8), (6, 12), (7, 16)]:
         model.zero_grad(set_to_none=True)
-        with torch._dynamo.compiled_autograd._enable(compiler, dynamic=False):
-            model(transformer_input(batch)).sum().backward()
+        with compiled_autograd(compiler):
+            model(transformer_input(batch, seq)).sum().backward()
+        compiles.append(compiler.dynamo_compiles)
     assert captures() == 1
-    assert compiler.dynamo_compiles == 2  # static, then dynamic from batch 5 on
+    # Static first compile; automatic dynamic shapes make the batch size
+    # symbolic when it first changes, then the sequence length.
+    assert compiles == [1, 1, 2, 2, 3, 3]
 
 
-def test_static_and_dynamic_installations_do_not_share_compiled_graphs():
+def test_symbolic_and_default_installations_do_not_share_compiled_graphs():
     model = torch.nn.Linear(4, 2)
-    for dynamic in (True, False, True, False):
-        with torch._dynamo.compiled_autograd._enable(CountingCompiler(), dynamic=dynamic):
+    for symbolic in (True, False, True, False):
+        torch._dynamo.config.compiled_autograd_symbolic_sizes = symbolic
+        with compiled_autograd(CountingCompiler()):
             model(torch.randn(3, 4)).sum().backward()
     assert captures() == 2

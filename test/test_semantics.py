@@ -259,6 +259,7 @@ def test_captured_graph_is_reused_for_a_new_forward():
 
 
 def test_changed_batch_size_does_not_capture_again():
+    """(Dynamo itself recompiles once; see test_compiled_structure.py.)"""
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     for batch in (2, 3, 7):
         x = torch.randn(batch, 4)

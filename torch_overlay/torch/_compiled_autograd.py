@@ -438,13 +438,14 @@ def capture(
 @dataclasses.dataclass(frozen=True)
 class Installation:
     """What backward passes are routed to: the compiler for captured graphs,
-    and whether Dynamo treats their sizes as dynamic from the first compile
-    (``dynamic``: one compile for all shapes, at the price of a slower first
-    compile) or specializes first and recompiles once a size changes (as
-    torch.compile does by default)."""
+    and whether Dynamo compiles them with every size symbolic from the first
+    compile (``symbolic_sizes``, from
+    ``torch._dynamo.config.compiled_autograd_symbolic_sizes``) or, as
+    torch.compile does by default, specializes first and recompiles once
+    when a size changes."""
 
     compiler_fn: Callable[[torch.fx.GraphModule], Callable[..., Any]]
-    dynamic: bool = True
+    symbolic_sizes: bool = False
 
 
 _installation: Optional[Installation] = None
@@ -456,7 +457,7 @@ def install(installation: Optional[Installation]) -> Optional[Installation]:
     global _installation
     prior, _installation = _installation, installation
     if prior is not None or installation is not None:
-        _C.install(installation is not None, installation is None or installation.dynamic)
+        _C.install(installation is not None, installation is not None and installation.symbolic_sizes)
     return prior
 
 
@@ -488,16 +489,16 @@ def _capture(
     )
     with frontend.make_compile_context(compile_id):
         compiled = _installation.compiler_fn(graph_module)
-    return _CompiledBackward(compile_id, compiled, _installation.dynamic)
+    return _CompiledBackward(compile_id, compiled, _installation.symbolic_sizes)
 
 
-# While a graph captured with dynamic=True runs, Dynamo treats its sizes as
+# While a graph captured with symbolic sizes runs, Dynamo treats its sizes as
 # dynamic from the first compile, so that a new batch size or sequence length
 # does not make it compile again; and it does not equate sizes that merely
 # happen to be equal (a sequence length that equals the head size would
 # otherwise compile again once it changes). One patch object each: a new
 # ConfigPatch allocates a ContextVar, which lives as long as the thread.
-_DYNAMIC_SHAPES = (
+_SYMBOLIC_SIZES = (
     torch._dynamo.config.patch(assume_static_by_default=False),
     torch.fx.experimental._config.patch(use_duck_shape=False),
 )
@@ -508,10 +509,12 @@ class _CompiledBackward:
     compiled autograd disabled (backwards inside hooks run eagerly) and
     marked as a compiled autograd region for Dynamo and AOTAutograd."""
 
-    def __init__(self, compile_id: int, compiled: Callable[..., Any], dynamic: bool) -> None:
+    def __init__(
+        self, compile_id: int, compiled: Callable[..., Any], symbolic_sizes: bool
+    ) -> None:
         self.compile_id = compile_id
         self.compiled = compiled
-        self.shape_configs = _DYNAMIC_SHAPES if dynamic else ()
+        self.shape_configs = _SYMBOLIC_SIZES if symbolic_sizes else ()
 
     def __call__(
         self, inputs: list[torch.Tensor], sizes: list[int], scalars: list[Any], hooks: list[Any]

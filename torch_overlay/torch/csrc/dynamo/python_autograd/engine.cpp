@@ -49,16 +49,17 @@ struct CompiledGraphs {
   const std::pair<const std::string, CompiledGraph>* last_used = nullptr;
 };
 
-// One cache per value of _enable's `dynamic`: a graph compiled with static
-// shapes must not serve an installation that asked for dynamic ones.
+// One cache per value of compiled_autograd_symbolic_sizes: a graph compiled
+// with Dynamo's default shape handling must not serve an installation that
+// asked for symbolic sizes, nor the other way round.
 std::array<CompiledGraphs, 2>& all_compiled_graphs() {
   static auto* caches = new std::array<CompiledGraphs, 2>();
   return *caches;
 }
-bool dynamic_shapes = true;
+bool symbolic_sizes = false;
 
 CompiledGraphs& compiled_graphs() {
-  return all_compiled_graphs()[dynamic_shapes];
+  return all_compiled_graphs()[symbolic_sizes];
 }
 
 // Why `graph` missed the cache, in terms of the graph the previous backward
@@ -307,13 +308,13 @@ PYBIND11_MODULE(_compiled_autograd_C, m) {
 
   m.def(
       "install",
-      [](bool enabled, bool dynamic) {
-        dynamic_shapes = dynamic;
+      [](bool enabled, bool symbolic) {
+        symbolic_sizes = symbolic;
         Engine::set_compiled_autograd(enabled ? &run_backward : nullptr);
       },
       "Routes every backward to the Python engine (True) or to nothing "
       "(False: eager autograd, unless the legacy engine installs itself); "
-      "`dynamic` selects the cache of graphs compiled with dynamic shapes.");
+      "`symbolic` selects the cache of graphs compiled with symbolic sizes.");
   m.def("clear_cache", []() {
     for (auto& cache : all_compiled_graphs()) {
       cache.last_used = nullptr;
