@@ -26,7 +26,6 @@ Example::
 upstream engine instead (torch/_dynamo/compiled_autograd.py).
 """
 
-import contextlib
 import dataclasses
 import enum
 import logging
@@ -507,35 +506,55 @@ _SYMBOLIC_SIZES = (
 class _CompiledBackward:
     """A compiled graph, run the way the legacy engine runs its graphs: with
     compiled autograd disabled (backwards inside hooks run eagerly) and
-    marked as a compiled autograd region for Dynamo and AOTAutograd."""
+    marked as a compiled autograd region for Dynamo and AOTAutograd.
+
+    This runs on every backward, so it sets the frontend's flags itself
+    rather than going through ``_disable()``, which also re-routes the legacy
+    engine (never installed while this one runs)."""
 
     def __init__(
         self, compile_id: int, compiled: Callable[..., Any], symbolic_sizes: bool
     ) -> None:
-        self.compile_id = compile_id
+        from torch._dynamo import compiled_autograd as frontend
+        from torch._guards import CompileContext, CompileId
+
+        self.frontend = frontend
+        self.compile_context = CompileContext(
+            CompileId(compiled_autograd_id=compile_id, frame_id=None, frame_compile_id=None)
+        )
         self.compiled = compiled
-        self.shape_configs = _SYMBOLIC_SIZES if symbolic_sizes else ()
+        self.symbolic_sizes = symbolic_sizes
 
     def __call__(
         self, inputs: list[torch.Tensor], sizes: list[int], scalars: list[Any], hooks: list[Any]
     ) -> Any:
-        from torch._dynamo import compiled_autograd as frontend
-
-        with frontend._disable(), frontend.make_compile_context(
-            self.compile_id
-        ), contextlib.ExitStack() as configs:
-            for config in self.shape_configs:
-                configs.enter_context(config)
-            prior_region = frontend.in_compiled_autograd_region
-            frontend.in_compiled_autograd_region = True
-            try:
-                return self.compiled(inputs, sizes, scalars, hooks)
-            finally:
-                frontend.in_compiled_autograd_region = prior_region
-                # Backends that do not steal the list leave it full, and
-                # Dynamo keeps the list of its first call as an example
-                # value: the lifted tensors must not outlive the backward.
-                inputs.clear()
+        frontend = self.frontend
+        prior_flags = (
+            frontend.compiled_autograd_enabled,
+            frontend.active_disable_ctx,
+            frontend.in_compiled_autograd_region,
+        )
+        frontend.compiled_autograd_enabled = False
+        frontend.active_disable_ctx = True
+        frontend.in_compiled_autograd_region = True
+        _C.install(False, self.symbolic_sizes)
+        try:
+            with torch._guards.compile_context(self.compile_context):
+                if not self.symbolic_sizes:
+                    return self.compiled(inputs, sizes, scalars, hooks)
+                with _SYMBOLIC_SIZES[0], _SYMBOLIC_SIZES[1]:
+                    return self.compiled(inputs, sizes, scalars, hooks)
+        finally:
+            _C.install(True, self.symbolic_sizes)
+            (
+                frontend.compiled_autograd_enabled,
+                frontend.active_disable_ctx,
+                frontend.in_compiled_autograd_region,
+            ) = prior_flags
+            # Backends that do not steal the list leave it full, and Dynamo
+            # keeps the list of its first call as an example value: the
+            # lifted tensors must not outlive the backward.
+            inputs.clear()
 
 
 _reported_fallbacks: set[str] = set()

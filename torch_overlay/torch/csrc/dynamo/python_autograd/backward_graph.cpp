@@ -140,6 +140,19 @@ void collect_accumulate_grad(CompiledNodeArgs& args, AccumulateGrad& fn) {
   }
 }
 
+// What validate_outputs needs of the next edges: their input metadata, with
+// its shapes lifted. CompiledNodeArgs::collect(edge_list) would also number
+// each target node in the node's own call, which costs an allocation per
+// edge; the graph-wide edge structure is part of our key instead.
+void collect_edge_metadata(CompiledNodeArgs& args, const Node& fn) {
+  args.collect_size(fn.next_edges().size());
+  for (const auto& edge : fn.next_edges()) {
+    if (args.cond(edge.is_valid())) {
+      args.collect(edge.function->input_metadata(edge.input_nr));
+    }
+  }
+}
+
 NodeKind kind_of(const Node& fn) {
   if (typeid(fn) == typeid(AccumulateGrad)) {
     return NodeKind::kAccumulateGrad;
@@ -206,7 +219,7 @@ class Collector {
       }
       record.edge_sizes_begin = call.all_size_inputs.size();
       if (record.kind != NodeKind::kEager) {
-        args.collect(fn->next_edges());
+        collect_edge_metadata(args, *fn);
       }
     }
     for (const auto& edge : fn->next_edges()) {
