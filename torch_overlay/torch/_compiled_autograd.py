@@ -363,10 +363,16 @@ def accumulate_grad(variable: torch.Tensor, grad: Optional[torch.Tensor]) -> Non
     """
     if grad is None:
         return
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() and grad.layout == torch.strided:
         torch.ops.inductor.accumulate_grad_.default(variable, grad)
     else:
-        _C.accumulate_grad(variable, grad)
+        _accumulate_grad_eagerly(variable, grad)
+
+
+@torch._dynamo.disable
+def _accumulate_grad_eagerly(variable: torch.Tensor, grad: torch.Tensor) -> None:
+    # Also Dynamo's fallback for sparse gradients, which its polyfill cannot add.
+    _C.accumulate_grad(variable, grad)
 
 
 _RUNTIME_OPS = sys.modules[__name__]

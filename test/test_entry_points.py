@@ -1,0 +1,102 @@
+"""autograd.grad and .backward() in all their forms, and the .grad contract,
+behave as in eager."""
+
+import pytest
+import torch
+
+from helpers import COMPILERS, check_against_eager
+
+
+@pytest.fixture(params=sorted(COMPILERS))
+def compiler(request):
+    return COMPILERS[request.param]
+
+
+def test_grad_outputs(compiler):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        return list(torch.autograd.grad(x * 3, x, grad_outputs=torch.arange(3.0)))
+
+    check_against_eager(fn, compiler)
+
+
+def test_materialize_grads(compiler):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        unused = torch.randn(3, requires_grad=True)
+        return list(torch.autograd.grad((x * 2).sum(), [x, unused], materialize_grads=True))
+
+    check_against_eager(fn, compiler)
+
+
+def test_zero_size_tensors(compiler):
+    def fn():
+        x = torch.randn(0, 3, requires_grad=True)
+        (x * 2).sum().backward()
+        return [x.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_gradient_undefined_along_an_edge(compiler):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        a, _ = x[:2], x[2:]
+        (a * 2).sum().backward()
+        return [x.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_existing_grad_accumulates_in_place(compiler):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        x.grad = torch.ones(3)
+        grad_before = x.grad
+        (x * 2).sum().backward()
+        return [x.grad, torch.tensor(x.grad is grad_before)]
+
+    check_against_eager(fn, compiler)
+
+
+def test_zeroed_grads_are_reused_and_set_to_none_grads_are_new(compiler):
+    def fn():
+        model = torch.nn.Linear(3, 2)
+        model(torch.ones(1, 3)).sum().backward()
+        model.zero_grad(set_to_none=False)
+        zeroed = [p.grad for p in model.parameters()]
+        model(torch.ones(1, 3)).sum().backward()
+        reused = [p.grad is z for p, z in zip(model.parameters(), zeroed)]
+        model.zero_grad(set_to_none=True)
+        model(torch.ones(1, 3)).sum().backward()
+        return [p.grad for p in model.parameters()] + [torch.tensor(reused)]
+
+    check_against_eager(fn, compiler)
+
+
+def test_sparse_gradients(compiler):
+    def fn():
+        embedding = torch.nn.Embedding(10, 3, sparse=True)
+        for _ in range(2):
+            embedding(torch.tensor([1, 2, 1])).sum().backward()
+        return [embedding.weight.grad.to_dense(), torch.tensor(embedding.weight.grad.is_sparse)]
+
+    check_against_eager(fn, compiler)
+
+
+def test_complex_tensors(compiler):
+    def fn():
+        x = torch.randn(3, dtype=torch.cfloat, requires_grad=True)
+        (x * x.conj()).real.sum().backward()
+        return [x.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_gradient_layout_follows_the_parameter(compiler):
+    def fn():
+        x = torch.randn(3, 4).t().requires_grad_()  # non-contiguous leaf
+        (x * 2).sum().backward()
+        return [x.grad, torch.tensor(x.grad.stride())]
+
+    check_against_eager(fn, compiler)

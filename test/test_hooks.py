@@ -1,0 +1,98 @@
+"""Every kind of hook behaves as in eager: same values, same call order, same
+side effects, under no Dynamo, Dynamo's eager backend and aot_eager."""
+
+import pytest
+import torch
+
+from helpers import COMPILERS, captures, check_against_eager, compiled_autograd
+
+
+@pytest.fixture(params=sorted(COMPILERS))
+def compiler(request):
+    return COMPILERS[request.param]
+
+
+def test_hook_calling_item_graph_breaks_and_runs(compiler):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        y = x * 2
+        seen = []
+        y.register_hook(lambda g: seen.append(g.sum().item()) or g * 2)
+        y.sum().backward()
+        return [x.grad, torch.tensor(seen)]
+
+    check_against_eager(fn, compiler)
+
+
+def test_hook_through_numpy(compiler):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        y = x * 2
+        y.register_hook(lambda g: torch.from_numpy(g.numpy() * 3))
+        y.sum().backward()
+        return [x.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_retain_grad_on_intermediate_and_on_the_root(compiler):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        y = x * 2
+        y.retain_grad()
+        z = y.sin()
+        z.retain_grad()
+        z.sum().backward()
+        return [x.grad, y.grad, z.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_optimizer_step_in_post_accumulate_grad_hook(compiler):
+    def fn():
+        model = torch.nn.Linear(4, 3)
+        optimizers = {p: torch.optim.SGD([p], lr=0.1) for p in model.parameters()}
+
+        def step_in_backward(p):
+            optimizers[p].step()
+            optimizers[p].zero_grad()
+
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(step_in_backward)
+        for _ in range(2):
+            model(torch.ones(2, 4)).sum().backward()
+        return [p.detach().clone() for p in model.parameters()] + [p.grad for p in model.parameters()]
+
+    check_against_eager(fn, compiler)
+
+
+def test_removing_a_hook_changes_the_captured_graph():
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        grads = []
+        for i in range(3):
+            y = x * 2
+            handle = y.register_hook(lambda g: g * 3)
+            if i != 1:
+                handle.remove()
+            y.sum().backward()
+            grads.append(x.grad.clone())
+            x.grad = None
+        return grads
+
+    check_against_eager(fn)
+    assert captures() == 2
+
+
+def test_hook_returning_a_tensor_of_the_wrong_shape_raises_eagers_error():
+    x = torch.randn(3, requires_grad=True)
+    y = x * 2
+    y.register_hook(lambda g: torch.ones(5))
+    with compiled_autograd(), pytest.raises(RuntimeError) as error:
+        y.sum().backward()
+    x2 = torch.randn(3, requires_grad=True)
+    y2 = x2 * 2
+    y2.register_hook(lambda g: torch.ones(5))
+    with pytest.raises(RuntimeError) as eager_error:
+        y2.sum().backward()
+    assert type(error.value) is type(eager_error.value)
