@@ -13,6 +13,18 @@ SHARED = pathlib.Path(
 )
 
 
+@pytest.fixture(scope="session")
+def cpp_extension(tmp_path_factory):
+    """test/cpp/test_extension.cpp, built once per session (~40 s)."""
+    from torch.utils import cpp_extension
+
+    return cpp_extension.load(
+        name="pca_test_extension",
+        sources=[str(pathlib.Path(__file__).parent / "cpp" / "test_extension.cpp")],
+        build_directory=str(tmp_path_factory.mktemp("cpp_extension")),
+    )
+
+
 @pytest.fixture(autouse=True)
 def fresh_compiled_autograd():
     """Forgets captured graphs, Dynamo caches and counters around each test."""

@@ -1,5 +1,6 @@
 #include <torch/csrc/dynamo/python_autograd/backward_graph.h>
 
+#include <torch/csrc/autograd/cpp_hook.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -88,6 +89,31 @@ void append_to_key(std::string& key, const T& value) {
   key.append(reinterpret_cast<const char*>(&value), sizeof(T));
 }
 
+// Tensor.register_hook from C++ installs a CppFunctionTensorPreHook, which
+// has no compiled_args. Its type_info is not exported, so it is recognised
+// by its mangled name.
+bool is_cpp_tensor_pre_hook(const torch::autograd::FunctionPreHook& hook) {
+  return std::strcmp(
+             typeid(hook).name(),
+             "N5torch8autograd24CppFunctionTensorPreHookE") == 0;
+}
+
+// Registers each function of a CppFunctionTensorPreHook as a C++ tensor
+// pre-hook, the way retain_grad's hook registers itself.
+struct CppTensorPreHooks {
+  explicit CppTensorPreHooks(
+      const torch::autograd::CppFunctionTensorPreHook& hooks)
+      : hooks(hooks) {}
+  void compiled_args(CompiledNodeArgs& args) const {
+    for (const auto& function : *hooks.hooks_) {
+      if (function) { // removed hooks stay in the list, empty
+        args.add_cpp_single_tensor_pre_hook(function, hooks.value_idx_);
+      }
+    }
+  }
+  const torch::autograd::CppFunctionTensorPreHook& hooks;
+};
+
 // Collects the node's hooks the way CompiledNodeArgs::collect(NodeCall) does,
 // but one hook at a time, so that Python and C++ tensor pre-hooks keep the
 // relative order in which the eager engine calls them.
@@ -109,7 +135,13 @@ void collect_hooks(CompiledNodeArgs& args, NodeRecord& record) {
     }
   };
   for (const auto& hook : fn.tensor_pre_hooks()) {
-    collect_tensor_pre_hook(hook);
+    if (is_cpp_tensor_pre_hook(*hook)) {
+      collect_tensor_pre_hook(std::make_unique<CppTensorPreHooks>(
+          static_cast<const torch::autograd::CppFunctionTensorPreHook&>(
+              *hook)));
+    } else {
+      collect_tensor_pre_hook(hook);
+    }
   }
   for (const auto& [_, hook] : fn.retains_grad_hooks()) {
     collect_tensor_pre_hook(hook);

@@ -1,0 +1,51 @@
+"""C++ hooks and C++ autograd Functions under the Python engine."""
+
+import pytest
+import torch
+
+from helpers import COMPILERS, check_against_eager, compiled_autograd
+
+
+@pytest.fixture(params=sorted(COMPILERS))
+def compiler(request):
+    return COMPILERS[request.param]
+
+
+def test_tensor_hook_registered_from_cpp(cpp_extension, compiler):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        y = x * 3
+        cpp_extension.register_doubling_hook(y)
+        y.register_hook(lambda g: g + 1)  # runs after the C++ hook, as registered
+        y.sum().backward()
+        return [x.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_cpp_function_saving_a_scalar_lifts_it(cpp_extension, compiler):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        grads = []
+        for scale in (2.0, 3.0):  # same graph: the scalar is an input, not a constant
+            cpp_extension.scale_by(x.sin(), scale).sum().backward()
+            grads.append(x.grad.clone())
+        return grads
+
+    check_against_eager(fn, compiler)
+
+
+@pytest.mark.parametrize("compiler_name", ["no_dynamo", "aot_eager"])
+def test_failing_backward_leaves_the_node_intact(cpp_extension, compiler_name):
+    x = torch.randn(3, requires_grad=True)
+    factor = torch.randn(3)
+    loss = cpp_extension.multiply_by_saved(x * 2, factor).sum()
+    cpp_extension.set_fail_backward(True)
+    try:
+        with compiled_autograd(COMPILERS[compiler_name]), pytest.raises(Exception, match="failed on request"):
+            loss.backward(retain_graph=True)
+    finally:
+        cpp_extension.set_fail_backward(False)
+    assert x.grad is None
+    loss.backward()  # eager, on the node that was applied with swapped values
+    assert torch.equal(x.grad, 2 * factor)
