@@ -30,6 +30,7 @@ import dataclasses
 import enum
 import logging
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
@@ -534,16 +535,7 @@ class _CompiledBackward:
     def __call__(
         self, inputs: list[torch.Tensor], sizes: list[int], scalars: list[Any], hooks: list[Any]
     ) -> Any:
-        frontend = self.frontend
-        prior_flags = (
-            frontend.compiled_autograd_enabled,
-            frontend.active_disable_ctx,
-            frontend.in_compiled_autograd_region,
-        )
-        frontend.compiled_autograd_enabled = False
-        frontend.active_disable_ctx = True
-        frontend.in_compiled_autograd_region = True
-        _C.install(False, self.symbolic_sizes)
+        _RUNNING.enter(self.frontend, self.symbolic_sizes)
         try:
             with torch._guards.compile_context(self.compile_context):
                 if not self.symbolic_sizes:
@@ -551,16 +543,51 @@ class _CompiledBackward:
                 with _SYMBOLIC_SIZES[0], _SYMBOLIC_SIZES[1]:
                     return self.compiled(inputs, sizes, scalars, hooks)
         finally:
-            _C.install(True, self.symbolic_sizes)
-            (
-                frontend.compiled_autograd_enabled,
-                frontend.active_disable_ctx,
-                frontend.in_compiled_autograd_region,
-            ) = prior_flags
+            _RUNNING.exit(self.frontend, self.symbolic_sizes)
             # Backends that do not steal the list leave it full, and Dynamo
             # keeps the list of its first call as an example value: the
             # lifted tensors must not outlive the backward.
             inputs.clear()
+
+
+class _RunningGraphs:
+    """While any captured graph runs, in any thread, compiled autograd is off
+    and the frontend's flags say so; the last one to finish restores them.
+    (Saving and restoring per call would let two threads restore each
+    other's state.)"""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.count = 0
+        self.prior_flags: tuple[bool, bool, bool] = (False, False, False)
+
+    def enter(self, frontend: Any, symbolic_sizes: bool) -> None:
+        with self.lock:
+            if self.count == 0:
+                self.prior_flags = (
+                    frontend.compiled_autograd_enabled,
+                    frontend.active_disable_ctx,
+                    frontend.in_compiled_autograd_region,
+                )
+                frontend.compiled_autograd_enabled = False
+                frontend.active_disable_ctx = True
+                frontend.in_compiled_autograd_region = True
+                _C.install(False, symbolic_sizes)
+            self.count += 1
+
+    def exit(self, frontend: Any, symbolic_sizes: bool) -> None:
+        with self.lock:
+            self.count -= 1
+            if self.count == 0:
+                _C.install(True, symbolic_sizes)
+                (
+                    frontend.compiled_autograd_enabled,
+                    frontend.active_disable_ctx,
+                    frontend.in_compiled_autograd_region,
+                ) = self.prior_flags
+
+
+_RUNNING = _RunningGraphs()
 
 
 _reported_fallbacks: set[str] = set()
