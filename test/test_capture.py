@@ -77,7 +77,7 @@ class TestCapture(expecttest.TestCase):
         self.assertExpectedInline(
             gm.code.strip(),
             """\
-def forward(self, inputs, sizes, scalars, hooks):
+def forward(self, inputs, sizes, scalars, hooks, packed_data):
     getitem = inputs[0]
     getitem_1 = inputs[1];  inputs = None
     apply_with_saved = torch._compiled_autograd.apply_with_saved(0, [None], [getitem], sizes, (0, 0), scalars, (0, 0));  getitem = None
@@ -119,9 +119,10 @@ def forward(self, inputs, sizes, scalars, hooks):
         (expected,) = torch.autograd.grad(loss, [x], retain_graph=True)
 
         def run_the_loop(gm):
-            def run(inputs, sizes, scalars, hooks):
+            def run(*inputs):
                 nodes, num_outputs = gm.meta["backward_nodes"], gm.meta["num_outputs"]
-                return python_engine.python_autograd(nodes, num_outputs, inputs, sizes, scalars, hooks)
+                lifted = python_engine.Lifted(*inputs)
+                return python_engine.python_autograd(nodes, num_outputs, lifted)
 
             return run
 

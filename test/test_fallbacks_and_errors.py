@@ -48,24 +48,6 @@ def test_anomaly_mode_raises_eagers_error_naming_the_node():
     assert str(compiled_error.value) == str(eager_error.value)
 
 
-def test_saved_tensor_hooks_fall_back_to_eager():
-    def fn():
-        x = torch.randn(4, requires_grad=True)
-        unpacked = []
-
-        def unpack(t):
-            unpacked.append(True)
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, unpack):
-            y = x.sin() * x
-        y.sum().backward()
-        return [x.grad, torch.tensor(len(unpacked))]
-
-    with pytest.warns(UserWarning, match="saved tensor hooks"):
-        check_against_eager(fn)
-
-
 @pytest.mark.parametrize("compiler_name", sorted(COMPILERS))
 def test_error_in_hook_propagates_and_engine_stays_usable(compiler_name):
     class HookError(Exception):

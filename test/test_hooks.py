@@ -96,3 +96,36 @@ def test_hook_returning_a_tensor_of_the_wrong_shape_raises_eagers_error():
     with pytest.raises(RuntimeError) as eager_error:
         y2.sum().backward()
     assert type(error.value) is type(eager_error.value)
+
+
+def test_saved_tensor_hooks_unpack_in_the_graph(compiler):
+    def fn():
+        x = torch.randn(4, requires_grad=True)
+        packed, unpacked = [], []
+
+        def pack(t):
+            packed.append(t.shape)
+            return t * 2  # what backward sees is what unpack returns
+
+        def unpack(t):
+            unpacked.append(t.shape)
+            return t / 2
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            y = x.sin() * x
+        y.sum().backward()
+        return [x.grad, torch.tensor(len(packed)), torch.tensor(len(unpacked))]
+
+    check_against_eager(fn, compiler)
+    assert captures() == 1
+
+
+def test_save_on_cpu(compiler):
+    def fn():
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        with torch.autograd.graph.save_on_cpu():
+            loss = model(torch.randn(3, 4)).sum()
+        loss.backward()
+        return [p.grad for p in model.parameters()]
+
+    check_against_eager(fn, compiler)

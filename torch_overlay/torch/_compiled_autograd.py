@@ -42,7 +42,7 @@ from torch._dynamo.utils import counters, set_locals_to_steal
 from torch._logging import getArtifactLogger
 
 
-__all__ = ["BackwardNode", "NodeKind", "capture", "python_autograd"]
+__all__ = ["BackwardNode", "Lifted", "NodeKind", "capture", "python_autograd"]
 
 log = getArtifactLogger(__name__, "compiled_autograd")
 verbose_log = getArtifactLogger(__name__, "compiled_autograd_verbose")
@@ -68,7 +68,9 @@ class BackwardNode:
     ``[begin, end)`` ranges of ``sizes`` and ``scalars`` (a node's sizes are
     those of its saved state, then the shapes its next edges expect); hook
     fields index ``hooks``, except C++ tensor pre-hooks (``is_python``
-    False), which the node keeps itself.
+    False), which the node keeps itself; ``unpack_hooks`` pairs the unpack
+    hook (in ``hooks``) and the packed data (in ``packed_data``) of each of
+    the node's saved variables that have saved-tensor hooks.
     """
 
     name: str
@@ -81,6 +83,7 @@ class BackwardNode:
     pre_hooks: tuple[int, ...]
     post_hooks: tuple[int, ...]
     post_acc_grad_hooks: tuple[int, ...]
+    unpack_hooks: tuple[tuple[int, int], ...]
     saved_tensors: tuple[int, ...]
     sizes: tuple[int, int]
     saved_scalars: tuple[int, int]
@@ -101,10 +104,24 @@ class BackwardNode:
             pre_hooks=tuple(collected["pre_hooks"]),
             post_hooks=tuple(collected["post_hooks"]),
             post_acc_grad_hooks=tuple(collected["post_acc_grad_hooks"]),
+            unpack_hooks=tuples(collected["unpack_hooks"]),
             saved_tensors=tuple(collected["saved_tensors"]),
             sizes=tuple(collected["sizes"]),
             saved_scalars=tuple(collected["saved_scalars"]),
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class Lifted:
+    """What a backward lifted out of its nodes, and what the captured graph
+    takes as inputs: tensors (de-duplicated), sizes, scalars, Python hooks,
+    and the data saved-tensor pack hooks returned."""
+
+    tensors: Sequence[Any]
+    sizes: Sequence[Any]
+    scalars: Sequence[Any]
+    hooks: Sequence[Any]
+    packed_data: Sequence[Any]
 
 
 # ---------------------------------------------------------------------------
@@ -113,23 +130,18 @@ class BackwardNode:
 
 
 def python_autograd(
-    nodes: Sequence[BackwardNode],
-    num_outputs: int,
-    tensors: Sequence[Any],
-    sizes: Sequence[Any],
-    scalars: Sequence[Any],
-    hooks: Sequence[Any],
-    ops: Any = None,
+    nodes: Sequence[BackwardNode], num_outputs: int, lifted: Lifted, ops: Any = None
 ) -> list[Any]:
     """Runs a backward pass: the eager engine's loop, one node at a time.
 
     ``nodes`` are in the order the eager engine runs them, so every node's
     input buffer is complete when its turn comes. ``ops`` provides the backward
     ops (this module by default); :func:`capture` passes a recorder instead,
-    and with Proxies for ``tensors``, ``sizes``, ``scalars`` and ``hooks`` the
-    loop unrolls into an fx graph. Returns the gradients ``autograd.grad``
-    asked for (``num_outputs`` of them).
+    and with Proxies for the ``lifted`` values the loop unrolls into an fx
+    graph. Returns the gradients ``autograd.grad`` asked for (``num_outputs``
+    of them).
     """
+    hooks = lifted.hooks
     ops = ops if ops is not None else _RUNTIME_OPS
     buffers: list[Optional[list[Any]]] = [[None] * n.num_inputs for n in nodes]
     graph_outputs: list[Any] = [None] * num_outputs
@@ -160,7 +172,7 @@ def python_autograd(
                 ops.call_hook(hooks[hook_idx], grads, hook_type="pre_hook"),
                 node.num_inputs,
             )
-        outputs = _apply(ops, node_idx, node, grads, tensors, sizes, scalars, hooks)
+        outputs = _apply(ops, node_idx, node, grads, lifted)
         for hook_idx in node.post_hooks:
             outputs = ops.call_hook(
                 hooks[hook_idx], outputs, grads, hook_type="post_hook"
@@ -193,17 +205,9 @@ def _unpack(values: Any, count: int) -> list[Any]:
     return [values[i] for i in range(count)]
 
 
-def _apply(
-    ops: Any,
-    node_idx: int,
-    node: BackwardNode,
-    grads: list[Any],
-    tensors: Sequence[Any],
-    sizes: Sequence[Any],
-    scalars: Sequence[Any],
-    hooks: Sequence[Any],
-) -> Any:
+def _apply(ops: Any, node_idx: int, node: BackwardNode, grads: list[Any], lifted: Lifted) -> Any:
     """Runs one node; returns its outputs, one per next edge."""
+    tensors, hooks = lifted.tensors, lifted.hooks
     if node.kind == NodeKind.ACCUMULATE_GRAD:
         variable = tensors[node.saved_tensors[0]] if node.saved_tensors else None
         if variable is not None:
@@ -218,16 +222,22 @@ def _apply(
         if node.kind == NodeKind.APPLY_WITH_SAVED
         else ops.apply_with_saved_dynamo_disabled
     )
+    # Eager unpacks a saved variable when its node runs: so do we.
+    unpacked = [
+        ops.call_hook(hooks[hook_idx], lifted.packed_data[data_idx], hook_type="unpack_hook")
+        for hook_idx, data_idx in node.unpack_hooks
+    ]
     outputs = apply(
         node_idx,
         grads,
         [tensors[i] for i in node.saved_tensors],
-        sizes,
+        lifted.sizes,
         node.sizes,
-        scalars,
+        lifted.scalars,
         node.saved_scalars,
+        *([unpacked] if unpacked else []),
     )
-    return ops.validate_outputs(node_idx, outputs, sizes, node.sizes)
+    return ops.validate_outputs(node_idx, outputs, lifted.sizes, node.sizes)
 
 
 # ---------------------------------------------------------------------------
@@ -249,16 +259,23 @@ def apply_with_saved(
     sizes_span: tuple[int, int],
     scalars: list[Any],
     scalars_span: tuple[int, int],
+    unpacked: Sequence[torch.Tensor] = (),
 ) -> list[Optional[torch.Tensor]]:
     """Applies node ``node_idx`` of the running backward to ``grads``, with
     its saved tensors, sizes and scalars replaced by the given ones (its
-    sizes are ``sizes[slice(*sizes_span)]``, those of its saved state first).
+    sizes are ``sizes[slice(*sizes_span)]``, those of its saved state first)
+    and its saved variables with saved-tensor hooks by ``unpacked``.
 
     Dynamo keeps the node call in its graph; AOTAutograd traces through it
     into the node's aten ops.
     """
     return _apply_node(
-        node_idx, grads, saved_tensors, _span(sizes, sizes_span), _span(scalars, scalars_span)
+        node_idx,
+        grads,
+        saved_tensors,
+        _span(sizes, sizes_span),
+        _span(scalars, scalars_span),
+        list(unpacked),
     )
 
 
@@ -293,8 +310,9 @@ def _apply_node(
     saved_tensors: list[torch.Tensor],
     sizes: list[Any],
     scalars: list[Any],
+    unpacked: list[torch.Tensor],
 ) -> list[Optional[torch.Tensor]]:
-    return _C.apply_with_saved(node_idx, grads, saved_tensors, sizes, scalars)
+    return _C.apply_with_saved(node_idx, grads, saved_tensors, sizes, scalars, unpacked)
 
 
 @torch._dynamo.allow_in_graph
@@ -336,6 +354,8 @@ def call_hook(hook: Callable[..., Any], *args: Any, hook_type: str) -> Any:
         result = hook(tuple(outputs), tuple(grads))
         return list(outputs) if result is None else list(result)
     result = hook(*args)
+    if hook_type == "unpack_hook":
+        return result
     if hook_type == "post_acc_grad_hook":
         if result is not None:
             raise RuntimeError("Tensor post accumulate grad hooks should return None.")
@@ -405,27 +425,19 @@ def capture(
 ) -> torch.fx.GraphModule:
     """Traces :func:`python_autograd` over ``nodes`` into a GraphModule.
 
-    The module takes ``(inputs, sizes, scalars, hooks)`` -- the lifted
-    tensors, sizes, scalars and hooks of a backward with this structure --
+    The module takes ``(inputs, sizes, scalars, hooks, packed_data)`` --
+    the values a backward with this structure lifted (:class:`Lifted`) --
     and returns the gradients ``autograd.grad`` asked for. Its ``meta`` keeps
     ``backward_nodes`` and ``num_outputs``.
     """
     graph = torch.fx.Graph()
     tracer = torch.fx.proxy.GraphAppendingTracer(graph)
-    inputs, sizes, scalars, hooks = (
+    inputs, sizes, scalars, hooks, packed_data = (
         torch.fx.Proxy(graph.placeholder(name), tracer)
-        for name in ("inputs", "sizes", "scalars", "hooks")
+        for name in ("inputs", "sizes", "scalars", "hooks", "packed_data")
     )
-    tensors = [inputs[i] for i in range(num_tensors)]
-    outputs = python_autograd(
-        nodes,
-        num_outputs,
-        tensors,
-        sizes,
-        scalars,
-        hooks,
-        ops=_GraphRecorder(tracer),
-    )
+    lifted = Lifted([inputs[i] for i in range(num_tensors)], sizes, scalars, hooks, packed_data)
+    outputs = python_autograd(nodes, num_outputs, lifted, ops=_GraphRecorder(tracer))
     graph.output(tracer.create_arg(outputs))
     graph_module = torch.fx.GraphModule(torch.nn.Module(), graph, "CompiledAutograd")
     # Dynamo and AOTAutograd free each lifted tensor after its last use.
@@ -532,16 +544,14 @@ class _CompiledBackward:
         self.compiled = compiled
         self.symbolic_sizes = symbolic_sizes
 
-    def __call__(
-        self, inputs: list[torch.Tensor], sizes: list[int], scalars: list[Any], hooks: list[Any]
-    ) -> Any:
+    def __call__(self, inputs: list[torch.Tensor], *other_inputs: list[Any]) -> Any:
         _RUNNING.enter(self.frontend, self.symbolic_sizes)
         try:
             with torch._guards.compile_context(self.compile_context):
                 if not self.symbolic_sizes:
-                    return self.compiled(inputs, sizes, scalars, hooks)
+                    return self.compiled(inputs, *other_inputs)
                 with _SYMBOLIC_SIZES[0], _SYMBOLIC_SIZES[1]:
-                    return self.compiled(inputs, sizes, scalars, hooks)
+                    return self.compiled(inputs, *other_inputs)
         finally:
             _RUNNING.exit(self.frontend, self.symbolic_sizes)
             # Backends that do not steal the list leave it full, and Dynamo

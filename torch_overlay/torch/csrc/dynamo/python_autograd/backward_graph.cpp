@@ -316,6 +316,19 @@ class Collector {
     for (int hook : record.node_call->post_acc_grad_hooks) {
       record.post_acc_grad_hooks.push_back(to_global(hook));
     }
+
+    int packed_begin = static_cast<int>(graph_.packed_data.size());
+    record.unpack_hooks.resize(call.packed_inputs.size());
+    for (const auto& [_, ids] : call.sv_to_hooks) {
+      const auto& [hook, input] = ids;
+      record.unpack_hooks.at(input) = {
+          to_global(static_cast<int>(hook)),
+          packed_begin + static_cast<int>(input)};
+    }
+    for (auto& packed : call.packed_inputs) {
+      graph_.packed_data.push_back(std::move(packed));
+    }
+    call.packed_inputs.clear();
   }
 
   void append_key(const NodeRecord& record, const CompiledNodeArgs& args) {
@@ -341,6 +354,7 @@ class Collector {
     }
     append_to_key(key, record.sizes_end - record.sizes_begin);
     append_to_key(key, record.scalars_end - record.scalars_begin);
+    append_to_key(key, record.unpack_hooks.size());
     graph_.node_key_ends.push_back(key.size());
   }
 
@@ -348,15 +362,6 @@ class Collector {
   BackwardGraph graph_;
   std::unordered_map<const c10::TensorImpl*, uint32_t> tensor_ids_;
 };
-
-bool has_saved_tensor_hooks(const BackwardGraph& graph) {
-  for (const auto& record : graph.nodes) {
-    if (!record.call->sv_to_hooks.empty()) {
-      return true;
-    }
-  }
-  return false;
-}
 
 // TensorArgs keeps the map from a node's SavedVariables to their TensorArgs
 // private; it is the only list of a node's SavedVariables there is. Explicit
@@ -418,12 +423,6 @@ std::variant<BackwardGraph, Unsupported> collect_backward_graph(
     return Unsupported{e.what_without_backtrace(), false};
   } catch (const std::exception& e) {
     return Unsupported{e.what(), true};
-  }
-  if (has_saved_tensor_hooks(graph)) {
-    return Unsupported{
-        "saved tensor hooks (torch.autograd.graph.saved_tensors_hooks) are "
-        "not supported by the Python compiled autograd engine yet",
-        false};
   }
   return graph;
 }

@@ -78,6 +78,9 @@ struct NodeRecord {
   std::vector<int> pre_hooks; // global hook indices
   std::vector<int> post_hooks;
   std::vector<int> post_acc_grad_hooks;
+  // Saved variables with saved-tensor hooks, by the node's packed input id:
+  // (global index of the unpack hook, global index of the packed data).
+  std::vector<std::pair<int, int>> unpack_hooks;
   // Per next edge: (position of the target node, input_nr), or nullopt when
   // the edge is invalid or its target does not run in this backward.
   std::vector<std::optional<std::pair<int, int>>> next_edges;
@@ -96,6 +99,8 @@ struct BackwardGraph {
   std::vector<int64_t> sizes;
   std::vector<c10::IValue> scalars;
   std::vector<c10::SafePyObject> hooks;
+  // What saved-tensor pack hooks returned, for the unpack hooks.
+  std::vector<c10::SafePyObject> packed_data;
   size_t num_outputs = 0;
 };
 

@@ -214,14 +214,22 @@ class EngineCompilerInterface final : public PyCompilerInterface {
     });
   }
 
+  // A saved variable with saved-tensor hooks: its unpack hook already ran
+  // in the graph, before the node.
   at::Tensor call_unpack(
       PyObject* /*py_compiler*/,
       std::optional<size_t> /*hook_id*/,
-      size_t /*hook_input_id*/) const override {
-    TORCH_INTERNAL_ASSERT(
-        false,
-        "python compiled autograd: saved tensor hooks reached "
-        "apply_with_saved; such graphs run on the eager engine");
+      size_t hook_input_id) const override {
+    NodeApplication& application = current();
+    if (application.unpacked_ == nullptr) {
+      // A probe: the node's own unpack must not run the hook here.
+      return at::Tensor();
+    }
+    TORCH_CHECK(
+        hook_input_id < application.unpacked_->size(),
+        "python compiled autograd: no unpacked value for saved variable ",
+        hook_input_id);
+    return application.unpacked_->at(hook_input_id);
   }
 
   at::Tensor call_accumulate_grad(
@@ -294,8 +302,10 @@ class InterfaceInstallation {
 
 } // namespace
 
-NodeApplication::NodeApplication(Mode mode)
-    : mode_(mode), outer_(current_application) {
+NodeApplication::NodeApplication(
+    Mode mode,
+    const torch::autograd::variable_list* unpacked)
+    : mode_(mode), unpacked_(unpacked), outer_(current_application) {
   InterfaceInstallation::acquire();
   current_application = this;
 }

@@ -23,7 +23,11 @@ class NodeApplication {
     kProbe, // only record what the node binds; return empty gradients
   };
 
-  explicit NodeApplication(Mode mode);
+  // `unpacked`: what the unpack hooks of the node's saved variables returned,
+  // by packed input id (the graph calls those hooks before the node).
+  explicit NodeApplication(
+      Mode mode,
+      const torch::autograd::variable_list* unpacked = nullptr);
   ~NodeApplication();
   NodeApplication(const NodeApplication&) = delete;
   NodeApplication& operator=(const NodeApplication&) = delete;
@@ -44,6 +48,7 @@ class NodeApplication {
   Mode mode_;
   std::optional<bool> custom_function_traceable_;
   torch::autograd::functional_apply_t custom_function_;
+  const torch::autograd::variable_list* unpacked_;
   std::exception_ptr error_;
   NodeApplication* outer_;
 };

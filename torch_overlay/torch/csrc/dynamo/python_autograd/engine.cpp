@@ -150,6 +150,7 @@ py::list describe_nodes(const BackwardGraph& graph) {
     node["pre_hooks"] = record.pre_hooks;
     node["post_hooks"] = record.post_hooks;
     node["post_acc_grad_hooks"] = record.post_acc_grad_hooks;
+    node["unpack_hooks"] = record.unpack_hooks;
     node["saved_tensors"] = record.tensor_ids;
     node["sizes"] = py::make_tuple(record.sizes_begin, record.sizes_end);
     node["saved_scalars"] =
@@ -205,7 +206,12 @@ variable_list run_compiled(const py::object& compiled, BackwardGraph& graph) {
     hooks.append(py::reinterpret_steal<py::object>(hook.release()));
   }
   graph.hooks.clear();
-  py::object result = compiled(tensors, sizes, scalars, hooks);
+  py::list packed_data;
+  for (auto& packed : graph.packed_data) {
+    packed_data.append(py::reinterpret_steal<py::object>(packed.release()));
+  }
+  graph.packed_data.clear();
+  py::object result = compiled(tensors, sizes, scalars, hooks, packed_data);
   variable_list grads;
   for (const auto& grad : result) {
     grads.emplace_back(grad.is_none() ? at::Tensor() : py::cast<at::Tensor>(grad));
@@ -335,14 +341,16 @@ PYBIND11_MODULE(_compiled_autograd_C, m) {
          const std::vector<std::optional<at::Tensor>>& inputs,
          const std::vector<std::optional<at::Tensor>>& saved_tensors,
          const std::vector<c10::SymInt>& sizes,
-         const py::list& saved_scalars) {
+         const py::list& saved_scalars,
+         const std::vector<std::optional<at::Tensor>>& unpacked) {
         NodeRecord& record = ActiveBackward::node(node_idx);
         return apply_with_saved(
             record,
             to_variable_list(inputs),
             to_variable_list(saved_tensors),
             sizes,
-            to_scalars(record, saved_scalars));
+            to_scalars(record, saved_scalars),
+            to_variable_list(unpacked));
       });
   m.def(
       "validate_outputs",

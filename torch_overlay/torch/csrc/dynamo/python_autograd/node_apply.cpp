@@ -117,8 +117,17 @@ variable_list apply_with_saved(
     const variable_list& inputs,
     const variable_list& saved_tensors,
     const std::vector<c10::SymInt>& sizes,
-    const std::vector<c10::IValue>& saved_scalars) {
+    const std::vector<c10::IValue>& saved_scalars,
+    const variable_list& unpacked) {
   check_saved_values(record, saved_tensors, sizes.size(), saved_scalars.size());
+  TORCH_CHECK(
+      unpacked.size() == record.unpack_hooks.size(),
+      "apply_with_saved(",
+      record.node->name(),
+      "): expected ",
+      record.unpack_hooks.size(),
+      " unpacked saved tensors, got ",
+      unpacked.size());
   TORCH_CHECK(
       inputs.size() == record.node->num_inputs(),
       "apply_with_saved(",
@@ -135,7 +144,7 @@ variable_list apply_with_saved(
       /*num_outputs=*/0);
   SwapSavedVariables saved(
       *record.call, saved_sizes, Py_None, *record.node_call);
-  NodeApplication application(NodeApplication::Mode::kRun);
+  NodeApplication application(NodeApplication::Mode::kRun, &unpacked);
   variable_list outputs = record.node->apply_with_saved(inputs, saved);
   application.rethrow_if_failed();
   return outputs;

@@ -24,14 +24,16 @@ class ActiveBackward {
 
 // Node::apply_with_saved with the node's saved tensors, sizes and scalars
 // replaced by the given ones. `sizes` are all the node's sizes; those of its
-// saved state come first. The node is left exactly as it was, also when the
-// backward formula throws.
+// saved state come first. `unpacked` are what the unpack hooks of its saved
+// variables with saved-tensor hooks returned (NodeRecord::unpack_hooks).
+// The node is left exactly as it was, also when the backward formula throws.
 variable_list apply_with_saved(
     NodeRecord& record,
     const variable_list& inputs,
     const variable_list& saved_tensors,
     const std::vector<c10::SymInt>& sizes,
-    const std::vector<c10::IValue>& saved_scalars);
+    const std::vector<c10::IValue>& saved_scalars,
+    const variable_list& unpacked);
 
 // The eager engine's validate_outputs against the node's next edges, with
 // the shapes of their input metadata replaced by the tail of `sizes` (all
