@@ -11,7 +11,7 @@ BUILD_ARGS ?=
 VENV_PYTHON := $(VENV)/bin/python
 TEST_ENV := PCA_SHARED=$(abspath $(SHARED))
 
-.PHONY: all build verify install run test bench bench-quick bench-requirements check-build-scripts clean distclean
+.PHONY: all build verify install run test fuzz bench bench-quick bench-requirements check-build-scripts clean distclean
 
 all: build
 
@@ -29,6 +29,10 @@ install: build
 run: install
 	@test -f bench/demo.py || { echo "make run: bench/demo.py does not exist yet (it is written with the benchmarks in bench/)" >&2; exit 1; }
 	$(TEST_ENV) $(VENV_PYTHON) bench/demo.py
+
+# The property test of random autograd graphs with 2,000 examples (make test runs 200).
+fuzz: install
+	PCA_HYPOTHESIS_PROFILE=fuzz $(TEST_ENV) $(VENV_PYTHON) -m pytest test/test_random_graphs.py -q
 
 # Benchmarks (bench/bench.py; method in docs/performance.md). `make bench` takes 30-60 min
 # on 2 cores and writes bench/results.{md,json}; `make bench-quick` a few minutes, writing

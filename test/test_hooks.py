@@ -84,18 +84,24 @@ def test_removing_a_hook_changes_the_captured_graph():
     assert captures() == 2
 
 
-def test_hook_returning_a_tensor_of_the_wrong_shape_raises_eagers_error():
-    x = torch.randn(3, requires_grad=True)
-    y = x * 2
-    y.register_hook(lambda g: torch.ones(5))
-    with compiled_autograd(), pytest.raises(RuntimeError) as error:
+@pytest.mark.parametrize(
+    "bad_hook",
+    [lambda g: torch.ones(5), lambda g: g.double(), lambda g: "not a tensor"],
+    ids=["size", "dtype", "type"],
+)
+def test_hook_returning_a_bad_value_raises_eagers_error(compiler, bad_hook):
+    def backward_with_bad_hook():
+        x = torch.randn(3, requires_grad=True)
+        y = x * 2
+        y.register_hook(bad_hook)
         y.sum().backward()
-    x2 = torch.randn(3, requires_grad=True)
-    y2 = x2 * 2
-    y2.register_hook(lambda g: torch.ones(5))
-    with pytest.raises(RuntimeError) as eager_error:
-        y2.sum().backward()
-    assert type(error.value) is type(eager_error.value)
+
+    with pytest.raises(Exception) as eager_error:
+        backward_with_bad_hook()
+    with compiled_autograd(compiler), pytest.raises(Exception) as compiled_error:
+        backward_with_bad_hook()
+    assert type(compiled_error.value) is type(eager_error.value)
+    assert str(eager_error.value).split(" (was")[0] in str(compiled_error.value)
 
 
 def test_saved_tensor_hooks_unpack_in_the_graph(compiler):

@@ -360,7 +360,27 @@ def call_hook(hook: Callable[..., Any], *args: Any, hook_type: str) -> Any:
         if result is not None:
             raise RuntimeError("Tensor post accumulate grad hooks should return None.")
         return None
-    return args[0] if result is None else result
+    if result is None:
+        return args[0]
+    _check_tensor_hook_result(args[0], result, hook)
+    return result
+
+
+def _check_tensor_hook_result(grad: Optional[torch.Tensor], result: Any, hook: Any) -> None:
+    """The checks (and messages) of the eager engine's check_single_result."""
+    if not isinstance(result, torch.Tensor):
+        raise TypeError(f"expected Variable, but hook returned '{type(result).__name__}'")
+    if grad is None:
+        raise RuntimeError("can't replace a empty gradient with a non-empty value")
+    name = getattr(hook, "__name__", type(hook).__name__)
+    if result.dtype != grad.dtype or result.device != grad.device or result.layout != grad.layout:
+        raise RuntimeError(
+            f"hook '{name}' has changed the type of value (was {grad.type()} got {result.type()})"
+        )
+    if result.shape != grad.shape:
+        raise RuntimeError(
+            f"hook '{name}' has changed the size of value (was {grad.shape} got {result.shape})"
+        )
 
 
 def accumulate(
