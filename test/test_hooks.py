@@ -4,7 +4,7 @@ side effects, under no Dynamo, Dynamo's eager backend and aot_eager."""
 import pytest
 import torch
 
-from helpers import COMPILERS, captures, check_against_eager, compiled_autograd
+from helpers import COMPILERS, captures, check_against_eager, compiled_autograd, dynamo_compiler
 
 
 @pytest.fixture(params=sorted(COMPILERS))
@@ -135,3 +135,18 @@ def test_save_on_cpu(compiler):
         return [p.grad for p in model.parameters()]
 
     check_against_eager(fn, compiler)
+
+
+def test_hooks_with_side_effects_under_inductor():
+    def fn():
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+        seen, accumulated = [], []
+        x = torch.randn(3, 4)
+        hidden = model[1](model[0](x))
+        hidden.register_hook(lambda g: seen.append(g.clone()) or g * 2)
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(lambda p: accumulated.append(p.grad.clone()))
+        model[2](hidden).sum().backward()
+        return [p.grad for p in model.parameters()] + seen + accumulated
+
+    check_against_eager(fn, dynamo_compiler("inductor"), exact=False)
