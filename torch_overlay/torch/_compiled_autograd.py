@@ -55,6 +55,7 @@ class NodeKind(enum.IntEnum):
     APPLY_WITH_SAVED_DYNAMO_DISABLED = 1
     EAGER = 2
     ACCUMULATE_GRAD = 3
+    PYTHON_FUNCTION = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +88,11 @@ class BackwardNode:
     saved_tensors: tuple[int, ...]
     sizes: tuple[int, int]
     saved_scalars: tuple[int, int]
+    # PYTHON_FUNCTION: the ctx (in hooks), where each of ctx.saved_tensors is
+    # among saved_tensors (-1: None), and which forward inputs were tensors.
+    python_ctx: int
+    saved_layout: tuple[int, ...]
+    is_variable_input: tuple[bool, ...]
 
     @staticmethod
     def from_collected(collected: dict[str, Any]) -> "BackwardNode":
@@ -108,6 +114,9 @@ class BackwardNode:
             saved_tensors=tuple(collected["saved_tensors"]),
             sizes=tuple(collected["sizes"]),
             saved_scalars=tuple(collected["saved_scalars"]),
+            python_ctx=collected["python_ctx"],
+            saved_layout=tuple(collected["saved_layout"]),
+            is_variable_input=tuple(collected["is_variable_input"]),
         )
 
 
@@ -217,6 +226,13 @@ def _apply(ops: Any, node_idx: int, node: BackwardNode, grads: list[Any], lifted
         return []
     if node.kind == NodeKind.EAGER:
         return ops.apply_eagerly(node_idx, grads)
+    if node.kind == NodeKind.PYTHON_FUNCTION:
+        grads = ops.materialize_grads(node_idx, grads, lifted.sizes, node.sizes)
+        saved = [None if i < 0 else tensors[node.saved_tensors[i]] for i in node.saved_layout]
+        outputs = ops.call_function_backward(
+            hooks[node.python_ctx], saved, grads, node.is_variable_input, node.name
+        )
+        return ops.validate_outputs(node_idx, outputs, lifted.sizes, node.sizes)
     apply = (
         ops.apply_with_saved
         if node.kind == NodeKind.APPLY_WITH_SAVED
@@ -298,6 +314,54 @@ def validate_outputs(
     return _validate_node_outputs(node_idx, outputs, _span(sizes, sizes_span))
 
 
+def materialize_grads(
+    node_idx: int,
+    grads: list[Optional[torch.Tensor]],
+    sizes: list[int],
+    sizes_span: tuple[int, int],
+) -> list[Optional[torch.Tensor]]:
+    """The zeros a Python autograd.Function's backward gets for gradients it
+    did not receive (unless it called ``ctx.set_materialize_grads(False)``),
+    shaped like the forward's outputs."""
+    return _materialize_grads(node_idx, grads, _span(sizes, sizes_span))
+
+
+def call_function_backward(
+    ctx: Any,
+    saved_tensors: list[Optional[torch.Tensor]],
+    grads: list[Optional[torch.Tensor]],
+    is_variable_input: tuple[bool, ...],
+    name: str,
+) -> list[Optional[torch.Tensor]]:
+    """Calls a Python autograd.Function's backward (or vjp) on ``grads``,
+    with ``ctx.saved_tensors`` answered by the lifted ``saved_tensors``,
+    and checks and filters its results as PyNode::apply does. Dynamo traces
+    the backward; one it cannot trace graph-breaks."""
+    results = torch._dynamo.external_utils.call_backward(ctx, saved_tensors, *grads)
+    num_inputs = len(is_variable_input)
+    if len(results) > num_inputs and all(r is None for r in results[num_inputs:]):
+        results = results[:num_inputs]
+    if len(results) != num_inputs:
+        raise RuntimeError(
+            f"function {name} returned an incorrect number of gradients "
+            f"(expected {num_inputs}, got {len(results)})"
+        )
+    outputs = []
+    for position, (result, is_variable) in enumerate(zip(results, is_variable_input)):
+        if not is_variable:
+            if result is not None:
+                raise RuntimeError(
+                    f"function {name} returned a gradient different than None at "
+                    f"position {position + 1}, but the corresponding forward input "
+                    "was not a Variable"
+                )
+            continue
+        if result is not None and not isinstance(result, torch.Tensor):
+            raise RuntimeError(f"expected Variable or None (got {type(result).__name__})")
+        outputs.append(result)
+    return outputs
+
+
 def _span(values: Sequence[Any], span: tuple[int, int]) -> list[Any]:
     begin, end = span
     return list(values[begin:end])
@@ -313,6 +377,13 @@ def _apply_node(
     unpacked: list[torch.Tensor],
 ) -> list[Optional[torch.Tensor]]:
     return _C.apply_with_saved(node_idx, grads, saved_tensors, sizes, scalars, unpacked)
+
+
+@torch._dynamo.allow_in_graph
+def _materialize_grads(
+    node_idx: int, grads: list[Optional[torch.Tensor]], sizes: list[Any]
+) -> list[Optional[torch.Tensor]]:
+    return _C.materialize_grads(node_idx, grads, sizes)
 
 
 @torch._dynamo.allow_in_graph
@@ -493,10 +564,18 @@ def install(installation: Optional[Installation]) -> Optional[Installation]:
     """Routes backward passes to this engine, or stops routing them here
     (None). Returns the previous installation."""
     global _installation
-    prior, _installation = _installation, installation
-    if prior is not None or installation is not None:
-        _C.install(installation is not None, installation is not None and installation.symbolic_sizes)
+    with _RUNNING.lock:
+        prior, _installation = _installation, installation
+        # While a captured graph runs the engine stays off (a nested backward,
+        # e.g. reentrant checkpointing's, runs eagerly); the last graph to
+        # finish applies the installation made meanwhile.
+        if _RUNNING.count == 0 and (prior is not None or installation is not None):
+            _install_engine_entry(installation)
     return prior
+
+
+def _install_engine_entry(installation: Optional[Installation]) -> None:
+    _C.install(installation is not None, installation is not None and installation.symbolic_sizes)
 
 
 def reset() -> None:
@@ -565,7 +644,7 @@ class _CompiledBackward:
         self.symbolic_sizes = symbolic_sizes
 
     def __call__(self, inputs: list[torch.Tensor], *other_inputs: list[Any]) -> Any:
-        _RUNNING.enter(self.frontend, self.symbolic_sizes)
+        _RUNNING.enter(self.frontend)
         try:
             with torch._guards.compile_context(self.compile_context):
                 if not self.symbolic_sizes:
@@ -573,7 +652,7 @@ class _CompiledBackward:
                 with _SYMBOLIC_SIZES[0], _SYMBOLIC_SIZES[1]:
                     return self.compiled(inputs, *other_inputs)
         finally:
-            _RUNNING.exit(self.frontend, self.symbolic_sizes)
+            _RUNNING.exit(self.frontend)
             # Backends that do not steal the list leave it full, and Dynamo
             # keeps the list of its first call as an example value: the
             # lifted tensors must not outlive the backward.
@@ -591,7 +670,7 @@ class _RunningGraphs:
         self.count = 0
         self.prior_flags: tuple[bool, bool, bool] = (False, False, False)
 
-    def enter(self, frontend: Any, symbolic_sizes: bool) -> None:
+    def enter(self, frontend: Any) -> None:
         with self.lock:
             if self.count == 0:
                 self.prior_flags = (
@@ -602,14 +681,14 @@ class _RunningGraphs:
                 frontend.compiled_autograd_enabled = False
                 frontend.active_disable_ctx = True
                 frontend.in_compiled_autograd_region = True
-                _C.install(False, symbolic_sizes)
+                _install_engine_entry(None)
             self.count += 1
 
-    def exit(self, frontend: Any, symbolic_sizes: bool) -> None:
+    def exit(self, frontend: Any) -> None:
         with self.lock:
             self.count -= 1
             if self.count == 0:
-                _C.install(True, symbolic_sizes)
+                _install_engine_entry(_installation)
                 (
                     frontend.compiled_autograd_enabled,
                     frontend.active_disable_ctx,

@@ -4,7 +4,10 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/python_function.h>
+#include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <cstring>
 #include <queue>
 #include <typeinfo>
@@ -16,6 +19,7 @@ namespace torch::dynamo::python_autograd {
 using torch::autograd::AccumulateGrad;
 using torch::dynamo::autograd::CompiledNodeArgs;
 using torch::dynamo::autograd::SizeInput;
+namespace py = pybind11;
 
 namespace {
 
@@ -185,12 +189,41 @@ void collect_edge_metadata(CompiledNodeArgs& args, const Node& fn) {
   }
 }
 
+THPFunction* python_function_ctx(const Node& fn) {
+  return reinterpret_cast<THPFunction*>(
+      static_cast<const torch::autograd::PyNode&>(fn).pyobj());
+}
+
+// Python autograd.Functions whose backward the graph can call itself. The
+// others run as themselves: backwards of regions compiled with torch.compile
+// (AOTAutograd's CompiledFunction), Functions carrying Dynamo backward state
+// or opaque objects, and Functions whose saved tensors have saved-tensor
+// hooks.
+bool backward_callable_in_graph(const Node& fn) {
+  if (fn.is_aot_backward()) {
+    return false;
+  }
+  THPFunction* ctx = python_function_ctx(fn);
+  if (ctx->compiled_autograd_backward_state != nullptr) {
+    return false;
+  }
+  for (const auto& saved : ctx->saved_variables) {
+    if (saved.has_hooks()) {
+      return false;
+    }
+  }
+  py::handle handle(reinterpret_cast<PyObject*>(ctx));
+  return !py::hasattr(handle, "opaque_objects") ||
+      py::len(handle.attr("opaque_objects")) == 0;
+}
+
 NodeKind kind_of(const Node& fn) {
   if (typeid(fn) == typeid(AccumulateGrad)) {
     return NodeKind::kAccumulateGrad;
   }
   if (is_python_function(fn)) {
-    return NodeKind::kEager;
+    return backward_callable_in_graph(fn) ? NodeKind::kPythonFunction
+                                          : NodeKind::kEager;
   }
   return NodeKind::kApplyWithSaved;
 }
@@ -316,6 +349,9 @@ class Collector {
     for (int hook : record.node_call->post_acc_grad_hooks) {
       record.post_acc_grad_hooks.push_back(to_global(hook));
     }
+    if (record.kind == NodeKind::kPythonFunction && record.needed) {
+      lift_python_function(record, hooks_begin);
+    }
 
     int packed_begin = static_cast<int>(graph_.packed_data.size());
     record.unpack_hooks.resize(call.packed_inputs.size());
@@ -329,6 +365,23 @@ class Collector {
       graph_.packed_data.push_back(std::move(packed));
     }
     call.packed_inputs.clear();
+  }
+
+  // Where the graph finds the ctx and, in ctx.saved_tensors order, the saved
+  // tensors of a Python autograd.Function.
+  static void lift_python_function(NodeRecord& record, int hooks_begin) {
+    AutogradCompilerCall& call = *record.call;
+    const auto& objects = call.pynode_objs.at(record.node.get());
+    record.python_ctx = hooks_begin + static_cast<int>(std::get<0>(objects));
+    for (const auto& saved : python_function_ctx(*record.node)->saved_variables) {
+      TensorArg* arg = &call.tensor_args.lookup(saved);
+      auto it = std::find(
+          record.tensor_args.begin(), record.tensor_args.end(), arg);
+      record.saved_layout.push_back(
+          it == record.tensor_args.end()
+              ? -1
+              : static_cast<int>(it - record.tensor_args.begin()));
+    }
   }
 
   void append_key(const NodeRecord& record, const CompiledNodeArgs& args) {
@@ -355,6 +408,9 @@ class Collector {
     append_to_key(key, record.sizes_end - record.sizes_begin);
     append_to_key(key, record.scalars_end - record.scalars_begin);
     append_to_key(key, record.unpack_hooks.size());
+    for (int position : record.saved_layout) {
+      append_to_key(key, position);
+    }
     graph_.node_key_ends.push_back(key.size());
   }
 
@@ -388,7 +444,8 @@ void detach_saved_values(BackwardGraph& graph, bool keep_graph) {
     auto& tensor_args = record.call->tensor_args;
     tensor_args.inputs.clear();
     bool swapped_when_applied = record.kind == NodeKind::kApplyWithSaved ||
-        record.kind == NodeKind::kApplyWithSavedDynamoDisabled;
+        record.kind == NodeKind::kApplyWithSavedDynamoDisabled ||
+        record.kind == NodeKind::kPythonFunction;
     if (keep_graph || !swapped_when_applied) {
       continue;
     }

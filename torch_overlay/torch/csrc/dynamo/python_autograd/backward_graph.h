@@ -40,6 +40,9 @@ enum class NodeKind : uint8_t {
   kEager = 2,
   // AccumulateGrad: torch.ops.inductor.accumulate_grad_ on the variable.
   kAccumulateGrad = 3,
+  // A Python autograd.Function: its backward is called in the graph (with
+  // the ctx's saved tensors lifted), so Dynamo traces it.
+  kPythonFunction = 4,
 };
 
 // One tensor pre-hook call, in the order the eager engine makes them.
@@ -86,6 +89,11 @@ struct NodeRecord {
   std::vector<std::optional<std::pair<int, int>>> next_edges;
   // (input_nr, output index) of gradients returned by autograd.grad.
   std::vector<std::pair<int, int>> captures;
+
+  // kPythonFunction: the ctx (an index into hooks), and for each of its
+  // saved variables the position in tensor_args, or -1 for a saved None.
+  int python_ctx = -1;
+  std::vector<int> saved_layout;
 };
 
 struct BackwardGraph {

@@ -11,6 +11,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/input_buffer.h>
+#include <torch/csrc/autograd/python_function.h>
 #include <torch/csrc/dynamo/python_autograd/backward_graph.h>
 #include <torch/csrc/dynamo/python_autograd/node_apply.h>
 #include <torch/csrc/utils/pybind.h>
@@ -151,6 +152,13 @@ py::list describe_nodes(const BackwardGraph& graph) {
     node["post_hooks"] = record.post_hooks;
     node["post_acc_grad_hooks"] = record.post_acc_grad_hooks;
     node["unpack_hooks"] = record.unpack_hooks;
+    node["python_ctx"] = record.python_ctx;
+    node["saved_layout"] = record.saved_layout;
+    node["is_variable_input"] = record.python_ctx < 0
+        ? std::vector<bool>()
+        : reinterpret_cast<THPFunction*>(
+              static_cast<const torch::autograd::PyNode&>(*record.node).pyobj())
+              ->is_variable_input;
     node["saved_tensors"] = record.tensor_ids;
     node["sizes"] = py::make_tuple(record.sizes_begin, record.sizes_end);
     node["saved_scalars"] =
@@ -368,6 +376,14 @@ PYBIND11_MODULE(_compiled_autograd_C, m) {
             ActiveBackward::node(node_idx), to_variable_list(inputs));
       });
   m.def("accumulate_grad", &accumulate_grad);
+  m.def(
+      "materialize_grads",
+      [](int64_t node_idx,
+         const std::vector<std::optional<at::Tensor>>& grads,
+         const std::vector<c10::SymInt>& sizes) {
+        return materialize_grads(
+            ActiveBackward::node(node_idx), to_variable_list(grads), sizes);
+      });
   m.def(
       "call_cpp_tensor_pre_hook",
       [](int64_t node_idx, int64_t hook_idx, const at::Tensor& grad) {

@@ -2,6 +2,7 @@
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/python_function.h>
 #include <torch/csrc/dynamo/python_autograd/compiler_interface.h>
 #include <torch/csrc/python_headers.h>
 
@@ -200,6 +201,49 @@ at::Tensor call_cpp_tensor_pre_hook(
       hook_idx >= 0 && hook_idx < static_cast<int64_t>(hooks.size()),
       "C++ tensor pre-hook index out of range");
   return at::Tensor(hooks[hook_idx](grad));
+}
+
+variable_list materialize_grads(
+    const NodeRecord& record,
+    variable_list grads,
+    const std::vector<c10::SymInt>& sizes) {
+  const auto* ctx = reinterpret_cast<const THPFunction*>(
+      static_cast<const torch::autograd::PyNode&>(*record.node).pyobj());
+  TORCH_CHECK(
+      grads.size() == ctx->output_info.size(),
+      "materialize_grads(",
+      record.node->name(),
+      "): expected ",
+      ctx->output_info.size(),
+      " gradients, got ",
+      grads.size());
+  // PyNode::compiled_args lifts compiled_autograd_symints, then the sizes of
+  // output_info.
+  size_t next = ctx->compiled_autograd_symints.size();
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const auto& info = ctx->output_info[i];
+    size_t rank = info.size.size();
+    TORCH_CHECK(
+        next + rank <= sizes.size(),
+        "materialize_grads(",
+        record.node->name(),
+        "): too few sizes");
+    bool keep = grads[i].defined() || !ctx->materialize_grads ||
+        (record.node->input_metadata(i).was_default_constructed() &&
+         !ctx->materialize_non_diff_grads);
+    if (!keep) {
+      auto options = at::TensorOptions()
+                         .dtype(info.scalar_type)
+                         .device(info.device)
+                         .layout(info.layout);
+      grads[i] = info.is_empty
+          ? at::empty({0}, options)
+          : at::zeros_symint(
+                c10::SymIntArrayRef(sizes.data() + next, rank), options);
+    }
+    next += rank;
+  }
+  return grads;
 }
 
 void accumulate_grad(const at::Tensor& variable, const at::Tensor& grad) {

@@ -51,6 +51,15 @@ at::Tensor call_cpp_tensor_pre_hook(
     int64_t hook_idx,
     const at::Tensor& grad);
 
+// What PyNode::apply passes a Python autograd.Function's backward for the
+// gradients it did not receive: zeros shaped like the forward's outputs (the
+// node's sizes, in PyNode::compiled_args order), unless the Function turned
+// that off. Other gradients pass through.
+variable_list materialize_grads(
+    const NodeRecord& record,
+    variable_list grads,
+    const std::vector<c10::SymInt>& sizes);
+
 // AccumulateGrad::apply's accumulation, on a variable and a new gradient.
 void accumulate_grad(const at::Tensor& variable, const at::Tensor& grad);
 

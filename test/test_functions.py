@@ -1,0 +1,378 @@
+"""Python autograd.Functions, custom ops, torch.compile'd regions and
+activation checkpointing under the Python engine: eager's gradients, and
+Function backwards traced into the compiled graph."""
+
+import functools
+import re
+
+import numpy as np
+import pytest
+import torch
+from torch._dynamo.utils import counters
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from helpers import COMPILERS, captures, check_against_eager, compiled_autograd, dynamo_compiler
+
+
+@pytest.fixture(params=sorted(COMPILERS))
+def compiler(request):
+    return COMPILERS[request.param]
+
+
+class ScaledSin(torch.autograd.Function):
+    """save_for_backward, a non-tensor ctx attribute, needs_input_grad."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.save_for_backward(x)
+        ctx.scale = scale
+        return x.sin() * scale
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        assert ctx.needs_input_grad == (True, False)
+        return grad * x.cos() * ctx.scale, None
+
+
+class TwoOutputs(torch.autograd.Function):
+    """mark_non_differentiable, materialized gradients, setup_context."""
+
+    @staticmethod
+    def forward(x):
+        return x * 2, (x > 0).float()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.mark_non_differentiable(output[1])
+
+    @staticmethod
+    def backward(ctx, grad, grad_mask):
+        assert grad_mask is not None  # materialized as zeros
+        return grad * 2 + grad_mask.sum()
+
+
+class NoMaterialize(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.set_materialize_grads(False)
+        return x.clone(), x.clone()
+
+    @staticmethod
+    def backward(ctx, grad_a, grad_b):
+        assert grad_b is None
+        return grad_a * 3
+
+
+class OnceDifferentiable(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.exp()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return grad * x.exp()
+
+
+class SavesNone(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, y):
+        ctx.save_for_backward(None, x, x)
+        return x * y
+
+    @staticmethod
+    def backward(ctx, grad):
+        nothing, x, x_again = ctx.saved_tensors
+        assert nothing is None and x_again is x
+        return grad * 2, None
+
+
+class ThroughNumpy(torch.autograd.Function):
+    """A backward Dynamo cannot trace: it graph-breaks and runs."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return torch.from_numpy(2 * x.detach().numpy()) * grad * float(x.sum().item() > -1e9)
+
+
+def test_function_with_saved_tensor_and_ctx_attribute(compiler):
+    def fn():
+        x = torch.randn(4, requires_grad=True)
+        ScaledSin.apply(x * 2, 1.5).sum().backward()
+        return [x.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_function_with_non_differentiable_output_and_setup_context(compiler):
+    def fn():
+        x = torch.randn(4, requires_grad=True)
+        a, mask = TwoOutputs.apply(x)
+        (a * mask).sum().backward()
+        return [x.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_function_without_materialized_grads(compiler):
+    def fn():
+        x = torch.randn(4, requires_grad=True)
+        a, _ = NoMaterialize.apply(x)
+        a.sum().backward()
+        return [x.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_once_differentiable_function(compiler):
+    def fn():
+        x = torch.randn(4, requires_grad=True)
+        OnceDifferentiable.apply(x).sum().backward()
+        return [x.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_function_saving_none_and_a_tensor_twice(compiler):
+    def fn():
+        x = torch.randn(4, requires_grad=True)
+        SavesNone.apply(x, 3.0).sum().backward()
+        return [x.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_function_with_untraceable_backward(compiler):
+    def fn():
+        x = torch.randn(4, requires_grad=True)
+        ThroughNumpy.apply(x.sin()).sum().backward()
+        return [x.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_function_returning_wrong_number_of_gradients_raises_eagers_error(compiler):
+    class TooMany(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad, grad
+
+    def backward():
+        TooMany.apply(torch.randn(3, requires_grad=True)).sum().backward()
+
+    with pytest.raises(RuntimeError) as eager_error:
+        backward()
+    with compiled_autograd(compiler), pytest.raises(Exception) as compiled_error:
+        backward()
+    assert "returned an incorrect number of gradients" in str(eager_error.value)
+    assert "returned an incorrect number of gradients" in str(compiled_error.value)
+
+
+def test_same_function_twice_and_across_iterations_captures_and_compiles_once():
+    compiles = []
+
+    def counting_backend(gm, example_inputs):
+        compiles.append(gm)
+        return gm.forward
+
+    def fn():
+        x = torch.randn(4, requires_grad=True)
+        grads = []
+        for _ in range(4):
+            y = ScaledSin.apply(ScaledSin.apply(x * 2, 1.5), 1.5)
+            y.sum().backward()
+            grads.append(x.grad.clone())
+            x.grad = None
+        return grads
+
+    check_against_eager(fn, lambda gm: torch.compile(gm, backend=counting_backend))
+    assert captures() == 1
+    assert len(compiles) == 1
+
+
+def test_function_backward_fuses_with_its_neighbours_under_inductor():
+    """The Function's backward ops land in the same Inductor kernel as the
+    pointwise ops around them: no separate call for the Function."""
+    from torch._inductor.utils import run_and_get_code
+
+    x = torch.randn(64, requires_grad=True)
+    loss = (ScaledSin.apply(x.exp(), 1.5) * 2).tanh().sum()
+    expected = torch.autograd.grad(loss, [x], retain_graph=True)[0]
+
+    def backward():
+        with compiled_autograd(dynamo_compiler("inductor")):
+            return torch.autograd.grad(loss, [x])[0]
+
+    actual, (code,) = run_and_get_code(backward)
+    torch.testing.assert_close(actual, expected)
+    kernel_definitions = re.findall(r"^cpp_fused\w* = async_compile", code, flags=re.MULTILINE)
+    assert len(kernel_definitions) == 1, code  # cos (the Function's backward), exp and tanh's backward
+    assert ".cos()" in code or "std::cos" in code, code
+
+
+@torch.library.custom_op("pca_test::scaled_sin", mutates_args=())
+def scaled_sin(x: torch.Tensor) -> torch.Tensor:
+    return x.sin() * 2
+
+
+@scaled_sin.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def _setup_scaled_sin(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+
+
+def _scaled_sin_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    return grad * x.cos() * 2
+
+
+scaled_sin.register_autograd(_scaled_sin_backward, setup_context=_setup_scaled_sin)
+
+
+def test_custom_op_with_registered_autograd(compiler):
+    def fn():
+        x = torch.randn(4, requires_grad=True)
+        scaled_sin(x * 2).sum().backward()
+        return [x.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def small_mlp():
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
+
+
+def test_backward_of_a_torch_compiled_region(compiler):
+    def fn():
+        model = small_mlp()
+        compiled = torch.compile(model, backend="aot_eager")
+        (compiled(torch.randn(3, 4)) * 2).sum().backward()
+        return [p.grad for p in model.parameters()]
+
+    check_against_eager(fn, compiler)
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_activation_checkpointing_recomputes_and_captures_once(compiler, use_reentrant):
+    forward_calls = []
+
+    def fn():
+        model = small_mlp()
+
+        def counted_model(x):
+            forward_calls.append(1)
+            return model(x)
+
+        x = torch.randn(3, 4, requires_grad=True)
+        grads = []
+        for _ in range(3):
+            checkpoint(counted_model, x, use_reentrant=use_reentrant).sum().backward()
+            grads += [x.grad] + [p.grad for p in model.parameters()]
+            x.grad = None
+            model.zero_grad()
+        return grads
+
+    check_against_eager(fn, compiler)
+    assert len(forward_calls) == 2 * 2 * 3  # forward + recomputation, eager and compiled, 3 steps
+    # The reentrant form runs a nested backward of the recomputed forward
+    # inside the checkpoint's backward: it runs eagerly (the engine is off
+    # while a captured graph runs), so each form captures one graph.
+    assert captures() == 1
+
+
+def test_selective_activation_checkpointing(compiler):
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op == torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+    def fn():
+        model = small_mlp()
+        x = torch.randn(3, 4, requires_grad=True)
+        context_fn = functools.partial(create_selective_checkpoint_contexts, policy)
+        checkpoint(model, x, use_reentrant=False, context_fn=context_fn).sum().backward()
+        return [x.grad] + [p.grad for p in model.parameters()]
+
+    check_against_eager(fn, compiler)
+
+
+class CausalAttention(torch.autograd.Function):
+    """Attention with a hand-written backward, as a GPT-2 block would use."""
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        scale = q.shape[-1] ** -0.5
+        scores = (q @ k.transpose(-2, -1)) * scale
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+        ctx.save_for_backward(q, k, v, probs)
+        ctx.scale = scale
+        return probs @ v
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, probs = ctx.saved_tensors
+        grad_v = probs.transpose(-2, -1) @ grad
+        grad_probs = grad @ v.transpose(-2, -1)
+        grad_scores = probs * (grad_probs - (grad_probs * probs).sum(-1, keepdim=True))
+        grad_q = grad_scores @ k * ctx.scale
+        grad_k = grad_scores.transpose(-2, -1) @ q * ctx.scale
+        return grad_q, grad_k, grad_v
+
+
+class Block(torch.nn.Module):
+    def __init__(self, dim=32, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+        self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 4 * dim), torch.nn.GELU(), torch.nn.Linear(4 * dim, dim))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        attention = CausalAttention.apply(q, k, v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(attention)
+        return x + self.mlp(self.ln2(x))
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_gpt2_style_block_with_custom_attention_trains_like_eager(backend):
+    def train(compiled):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Embedding(50, 32), Block(), Block(), torch.nn.Linear(32, 50))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        tokens = torch.randint(0, 50, (4, 12))
+        losses = []
+        for _ in range(5):
+            optimizer.zero_grad(set_to_none=True)
+            logits = model(tokens[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 50), tokens[:, 1:].reshape(-1))
+            if compiled:
+                with compiled_autograd(dynamo_compiler(backend)):
+                    loss.backward()
+            else:
+                loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        return losses
+
+    eager_losses = train(False)
+    compiled_losses = train(True)
+    np.testing.assert_allclose(compiled_losses, eager_losses, rtol=0, atol=1e-5)
+    assert counters["compiled_autograd"]["captures"] == 1
