@@ -258,14 +258,86 @@ def small_mlp():
     return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4))
 
 
-def test_backward_of_a_torch_compiled_region(compiler):
+def recording(compiler):
+    """The compiler, and the graphs it was given."""
+    graphs = []
+
+    def record_and_compile(gm):
+        graphs.append(gm)
+        return compiler(gm)
+
+    return record_and_compile, graphs
+
+
+@pytest.mark.parametrize("region_backend", ["aot_eager", "inductor"])
+def test_backward_of_a_torch_compiled_region_is_inlined(compiler, region_backend):
+    model = small_mlp()
+    region = torch.compile(model, backend=region_backend)
+    record_and_compile, graphs = recording(compiler)
+
     def fn():
-        model = small_mlp()
-        compiled = torch.compile(model, backend="aot_eager")
-        (compiled(torch.randn(3, 4)) * 2).sum().backward()
-        return [p.grad for p in model.parameters()]
+        grads = []
+        for batch in range(2, 5):
+            (region(torch.randn(batch, 4)) * 2).sum().backward()
+            grads += [p.grad for p in model.parameters()]
+            model.zero_grad(set_to_none=True)
+        return grads
+
+    # Inductor's forward kernels may round differently from eager's.
+    check_against_eager(fn, record_and_compile, exact=region_backend != "inductor")
+    code = graphs[0].code
+    assert "apply_eagerly" not in code and "_backward(" in code, code
+
+
+def test_backward_of_a_dynamic_shape_compiled_region(compiler):
+    model = small_mlp()
+    region = torch.compile(model, backend="aot_eager", dynamic=True)
+
+    def fn():
+        grads = []
+        for batch in (3, 5, 7):
+            region(torch.randn(batch, 4)).pow(2).sum().backward()
+            grads += [p.grad for p in model.parameters()]
+            model.zero_grad(set_to_none=True)
+        return grads
 
     check_against_eager(fn, compiler)
+
+
+def test_compiled_region_backward_fuses_with_its_neighbours_under_inductor():
+    """The region's backward (cos) and the pointwise backward around it
+    (tanh's, exp's) compile into one Inductor kernel."""
+    from torch._inductor.utils import run_and_get_code
+
+    region = torch.compile(lambda x: x.sin() * 1.5, backend="inductor")
+    x = torch.randn(64, requires_grad=True)
+    loss = (region(x.exp()) * 2).tanh().sum()
+    expected = torch.autograd.grad(loss, [x], retain_graph=True)[0]
+
+    def backward():
+        with compiled_autograd(dynamo_compiler("inductor")):
+            return torch.autograd.grad(loss, [x])[0]
+
+    actual, (code,) = run_and_get_code(backward)
+    torch.testing.assert_close(actual, expected)
+    kernel_definitions = re.findall(r"^cpp_fused\w* = async_compile", code, flags=re.MULTILINE)
+    assert len(kernel_definitions) == 1, code
+    assert ".cos()" in code or "std::cos" in code, code
+
+
+def test_compiled_region_with_tensor_subclass_runs_opaquely(compiler):
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    region = torch.compile(lambda x: (x * x).sin(), backend="aot_eager")
+    record_and_compile, graphs = recording(compiler)
+
+    def fn():
+        x = TwoTensor(torch.randn(4), torch.randn(4)).requires_grad_()
+        region(x).sum().backward()
+        return [x.grad.a, x.grad.b]
+
+    check_against_eager(fn, record_and_compile)
+    assert "apply_eagerly" in graphs[0].code
 
 
 @pytest.mark.parametrize("use_reentrant", [False, True])

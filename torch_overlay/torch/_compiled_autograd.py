@@ -32,6 +32,7 @@ import logging
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
@@ -56,6 +57,7 @@ class NodeKind(enum.IntEnum):
     EAGER = 2
     ACCUMULATE_GRAD = 3
     PYTHON_FUNCTION = 4
+    AOT_BACKWARD = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,11 +90,16 @@ class BackwardNode:
     saved_tensors: tuple[int, ...]
     sizes: tuple[int, int]
     saved_scalars: tuple[int, int]
-    # PYTHON_FUNCTION: the ctx (in hooks), where each of ctx.saved_tensors is
-    # among saved_tensors (-1: None), and which forward inputs were tensors.
+    # PYTHON_FUNCTION and AOT_BACKWARD: the ctx (in hooks), where each of
+    # ctx.saved_tensors is among saved_tensors (-1: None), which forward
+    # inputs were tensors, and how many of the node's sizes are the ctx's
+    # symints (they come first).
     python_ctx: int
     saved_layout: tuple[int, ...]
     is_variable_input: tuple[bool, ...]
+    num_symints: int
+    # AOT_BACKWARD: the compiled region's backward, as a module to call.
+    aot_backward: Optional["AOTBackward"]
 
     @staticmethod
     def from_collected(collected: dict[str, Any]) -> "BackwardNode":
@@ -117,6 +124,12 @@ class BackwardNode:
             python_ctx=collected["python_ctx"],
             saved_layout=tuple(collected["saved_layout"]),
             is_variable_input=tuple(collected["is_variable_input"]),
+            num_symints=collected["num_symints"],
+            aot_backward=(
+                None
+                if collected["aot_forward_cls"] is None
+                else AOTBackward.of(collected["aot_forward_cls"], collected["name"])
+            ),
         )
 
 
@@ -226,12 +239,16 @@ def _apply(ops: Any, node_idx: int, node: BackwardNode, grads: list[Any], lifted
         return []
     if node.kind == NodeKind.EAGER:
         return ops.apply_eagerly(node_idx, grads)
-    if node.kind == NodeKind.PYTHON_FUNCTION:
+    if node.kind in (NodeKind.PYTHON_FUNCTION, NodeKind.AOT_BACKWARD):
         grads = ops.materialize_grads(node_idx, grads, lifted.sizes, node.sizes)
         saved = [None if i < 0 else tensors[node.saved_tensors[i]] for i in node.saved_layout]
-        outputs = ops.call_function_backward(
-            hooks[node.python_ctx], saved, grads, node.is_variable_input, node.name
-        )
+        if node.kind == NodeKind.PYTHON_FUNCTION:
+            results = ops.call_function_backward(hooks[node.python_ctx], saved, grads)
+        else:
+            first_size = node.sizes[0]
+            symints = [lifted.sizes[first_size + i] for i in range(node.num_symints)]
+            results = ops.call_aot_backward(node.aot_backward, saved, symints, grads)
+        outputs = ops.function_gradients(results, node.is_variable_input, node.name)
         return ops.validate_outputs(node_idx, outputs, lifted.sizes, node.sizes)
     apply = (
         ops.apply_with_saved
@@ -330,14 +347,29 @@ def call_function_backward(
     ctx: Any,
     saved_tensors: list[Optional[torch.Tensor]],
     grads: list[Optional[torch.Tensor]],
-    is_variable_input: tuple[bool, ...],
-    name: str,
-) -> list[Optional[torch.Tensor]]:
+) -> Sequence[Any]:
     """Calls a Python autograd.Function's backward (or vjp) on ``grads``,
-    with ``ctx.saved_tensors`` answered by the lifted ``saved_tensors``,
-    and checks and filters its results as PyNode::apply does. Dynamo traces
-    the backward; one it cannot trace graph-breaks."""
-    results = torch._dynamo.external_utils.call_backward(ctx, saved_tensors, *grads)
+    with ``ctx.saved_tensors`` answered by the lifted ``saved_tensors``.
+    Dynamo traces the backward; one it cannot trace graph-breaks."""
+    return torch._dynamo.external_utils.call_backward(ctx, saved_tensors, *grads)
+
+
+def call_aot_backward(
+    aot_backward: "AOTBackward",
+    saved_tensors: list[Optional[torch.Tensor]],
+    symints: list[Any],
+    grads: list[Optional[torch.Tensor]],
+) -> Sequence[Any]:
+    """Runs the backward of a compiled region (in a captured graph, a
+    ``call_module`` of ``aot_backward``)."""
+    return aot_backward(saved_tensors, symints, grads)
+
+
+def function_gradients(
+    results: Sequence[Any], is_variable_input: tuple[bool, ...], name: str
+) -> list[Optional[torch.Tensor]]:
+    """Checks what an autograd.Function's backward returned and keeps the
+    gradients of its tensor inputs, as PyNode::apply does."""
     num_inputs = len(is_variable_input)
     if len(results) > num_inputs and all(r is None for r in results[num_inputs:]):
         results = results[:num_inputs]
@@ -360,6 +392,105 @@ def call_function_backward(
             raise RuntimeError(f"expected Variable or None (got {type(result).__name__})")
         outputs.append(result)
     return outputs
+
+
+class AOTBackward(torch.nn.Module):
+    """The backward of a region compiled with torch.compile, for the graph to
+    call: AOTAutograd's prologue (tangent layout), then the region's backward
+    graph. Dynamo traces ``forward``, so the region's backward ops join the
+    rest of the backward in one compiled graph. (AOTAutograd's epilogue only
+    matters for what ``_aot_backward_inlinable`` excludes: effect tokens, RNG
+    offsets, subclasses.)
+
+    One per region (AOTAutograd's ``CompiledFunction`` class), made the first
+    time a backward through it is captured. ``_aot_backward_inlinable``
+    decides which regions it can run; the others run as themselves.
+    """
+
+    _by_region: "weakref.WeakKeyDictionary[type, AOTBackward]" = weakref.WeakKeyDictionary()
+    _by_aot_id: "weakref.WeakValueDictionary[int, AOTBackward]" = weakref.WeakValueDictionary()
+
+    def __init__(self, forward_cls: type, name: str) -> None:
+        from torch._dynamo.compiled_autograd import extract_bw_module
+
+        super().__init__()
+        self.aot_id = forward_cls._aot_id
+        self.name = name
+        self.backward_graph = _views_as_reshapes(extract_bw_module(forward_cls))
+        self.num_graph_inputs = sum(
+            1 for node in self.backward_graph.graph.nodes if node.op == "placeholder"
+        )
+        self.prologue = forward_cls._bw_prologue_fn
+        AOTBackward._by_aot_id[self.aot_id] = self
+
+    @classmethod
+    def of(cls, forward_cls: type, name: str) -> "AOTBackward":
+        if forward_cls not in cls._by_region:
+            cls._by_region[forward_cls] = cls(forward_cls, name)
+        return cls._by_region[forward_cls]
+
+    def forward(
+        self,
+        saved_tensors: list[Optional[torch.Tensor]],
+        symints: list[Any],
+        grads: list[Optional[torch.Tensor]],
+    ) -> Sequence[Any]:
+        # A tuple: the prologue empties a list of gradients it is given.
+        prepared = _prepare_aot_backward_inputs(self.aot_id, saved_tensors, symints, tuple(grads))
+        # The symints as given, not as the prologue returned them: under
+        # Dynamo those would be new unbacked values.
+        graph_inputs = [*symints, *prepared[len(symints) : self.num_graph_inputs]]
+        return tuple(self.backward_graph(*graph_inputs))
+
+
+@torch._dynamo.allow_in_graph
+def _prepare_aot_backward_inputs(
+    aot_id: int,
+    saved_tensors: list[Optional[torch.Tensor]],
+    symints: list[Any],
+    grads: tuple[Optional[torch.Tensor], ...],
+) -> list[Any]:
+    """AOTAutograd's backward prologue of a region (the layout its backward
+    graph wants of the gradients): one op for Dynamo, whose tensor ops
+    AOTAutograd traces. It is generated code Dynamo skips; the graph refers
+    to the region by id because fx cannot name the generated function."""
+    return AOTBackward._by_aot_id[aot_id].prologue(saved_tensors, symints, [], grads)
+
+
+def _views_as_reshapes(backward_graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of a region's backward graph with aten.view as aten.reshape: the
+    region's forward was compiled with Inductor's view-to-reshape pass, so
+    the gradients it saved may not be viewable the way the graph assumed."""
+    graph = torch.fx.Graph()
+    output = graph.graph_copy(backward_graph.graph, {})
+    graph.output(output)
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.aten.view.default:
+            node.target = torch.ops.aten.reshape.default
+    return torch.fx.GraphModule(backward_graph, graph)
+
+
+def _aot_backward_inlinable(forward_cls: type) -> bool:
+    """Whether AOTBackward can run this compiled region's backward: not when
+    it has tensor subclasses, RNG state, tensors saved outside
+    ``ctx.saved_tensors``, or a backward graph AOTAutograd no longer keeps."""
+    from torch._functorch._aot_autograd.runtime_wrappers import (
+        AutogradLazyBackwardCompileInfo,
+        CachedAutogradLazyBackwardCompileInfo,
+    )
+
+    metadata = forward_cls.metadata
+    return (
+        forward_cls.maybe_subclass_metadata is None
+        and isinstance(
+            forward_cls._lazy_backward_info,
+            (AutogradLazyBackwardCompileInfo, CachedAutogradLazyBackwardCompileInfo),
+        )
+        and not metadata.num_graphsafe_rng_states
+        and not metadata.is_rng_op_functionalized
+        and not metadata.num_tensors_saved_with_no_vc_check
+        and not metadata.num_backward_tokens
+    )
 
 
 def _span(values: Sequence[Any], span: tuple[int, int]) -> list[Any]:
@@ -497,10 +628,17 @@ _RUNTIME_OPS = sys.modules[__name__]
 
 class _GraphRecorder:
     """Stands in for the backward ops while :func:`python_autograd` is
-    traced: each call records a ``call_function`` of the real op."""
+    traced: each call records a ``call_function`` of the real op, except
+    compiled regions' backwards, which become submodules of ``root``."""
 
     def __init__(self, tracer: torch.fx.proxy.GraphAppendingTracer) -> None:
         self._tracer = tracer
+        self.root = torch.nn.Module()
+
+    def call_aot_backward(self, aot_backward: "AOTBackward", *args: Any) -> torch.fx.Proxy:
+        name = f"aot{aot_backward.aot_id}_backward"
+        self.root.add_module(name, aot_backward)
+        return self._tracer.create_proxy("call_module", name, args, {})
 
     def __getattr__(self, name: str) -> Callable[..., torch.fx.Proxy]:
         op = getattr(_RUNTIME_OPS, name)
@@ -528,9 +666,10 @@ def capture(
         for name in ("inputs", "sizes", "scalars", "hooks", "packed_data")
     )
     lifted = Lifted([inputs[i] for i in range(num_tensors)], sizes, scalars, hooks, packed_data)
-    outputs = python_autograd(nodes, num_outputs, lifted, ops=_GraphRecorder(tracer))
+    recorder = _GraphRecorder(tracer)
+    outputs = python_autograd(nodes, num_outputs, lifted, ops=recorder)
     graph.output(tracer.create_arg(outputs))
-    graph_module = torch.fx.GraphModule(torch.nn.Module(), graph, "CompiledAutograd")
+    graph_module = torch.fx.GraphModule(recorder.root, graph, "CompiledAutograd")
     # Dynamo and AOTAutograd free each lifted tensor after its last use.
     set_locals_to_steal(graph_module, ["inputs"])
     # What was traced, for debugging and for running the loop itself.

@@ -195,14 +195,11 @@ THPFunction* python_function_ctx(const Node& fn) {
 }
 
 // Python autograd.Functions whose backward the graph can call itself. The
-// others run as themselves: backwards of regions compiled with torch.compile
-// (AOTAutograd's CompiledFunction), Functions carrying Dynamo backward state
-// or opaque objects, and Functions whose saved tensors have saved-tensor
-// hooks.
+// others run as themselves: Functions carrying Dynamo backward state or
+// opaque objects, Functions whose saved tensors have saved-tensor hooks,
+// and backwards of compiled regions that torch._compiled_autograd cannot
+// inline (tensor subclasses, RNG state, ...; see _aot_backward_inlinable).
 bool backward_callable_in_graph(const Node& fn) {
-  if (fn.is_aot_backward()) {
-    return false;
-  }
   THPFunction* ctx = python_function_ctx(fn);
   if (ctx->compiled_autograd_backward_state != nullptr) {
     return false;
@@ -213,8 +210,19 @@ bool backward_callable_in_graph(const Node& fn) {
     }
   }
   py::handle handle(reinterpret_cast<PyObject*>(ctx));
-  return !py::hasattr(handle, "opaque_objects") ||
-      py::len(handle.attr("opaque_objects")) == 0;
+  if (py::hasattr(handle, "opaque_objects") &&
+      py::len(handle.attr("opaque_objects")) != 0) {
+    return false;
+  }
+  if (!fn.is_aot_backward()) {
+    return true;
+  }
+  // Imported once and never released: it lives as long as the module.
+  static py::handle inlinable = py::object(
+                                    py::module::import("torch._compiled_autograd")
+                                        .attr("_aot_backward_inlinable"))
+                                    .release();
+  return inlinable(handle.attr("_forward_cls")).cast<bool>();
 }
 
 NodeKind kind_of(const Node& fn) {
@@ -222,8 +230,11 @@ NodeKind kind_of(const Node& fn) {
     return NodeKind::kAccumulateGrad;
   }
   if (is_python_function(fn)) {
-    return backward_callable_in_graph(fn) ? NodeKind::kPythonFunction
-                                          : NodeKind::kEager;
+    if (!backward_callable_in_graph(fn)) {
+      return NodeKind::kEager;
+    }
+    return fn.is_aot_backward() ? NodeKind::kAotBackward
+                                : NodeKind::kPythonFunction;
   }
   return NodeKind::kApplyWithSaved;
 }
@@ -349,7 +360,9 @@ class Collector {
     for (int hook : record.node_call->post_acc_grad_hooks) {
       record.post_acc_grad_hooks.push_back(to_global(hook));
     }
-    if (record.kind == NodeKind::kPythonFunction && record.needed) {
+    if ((record.kind == NodeKind::kPythonFunction ||
+         record.kind == NodeKind::kAotBackward) &&
+        record.needed) {
       lift_python_function(record, hooks_begin);
     }
 
@@ -445,7 +458,8 @@ void detach_saved_values(BackwardGraph& graph, bool keep_graph) {
     tensor_args.inputs.clear();
     bool swapped_when_applied = record.kind == NodeKind::kApplyWithSaved ||
         record.kind == NodeKind::kApplyWithSavedDynamoDisabled ||
-        record.kind == NodeKind::kPythonFunction;
+        record.kind == NodeKind::kPythonFunction ||
+        record.kind == NodeKind::kAotBackward;
     if (keep_graph || !swapped_when_applied) {
       continue;
     }

@@ -43,6 +43,10 @@ enum class NodeKind : uint8_t {
   // A Python autograd.Function: its backward is called in the graph (with
   // the ctx's saved tensors lifted), so Dynamo traces it.
   kPythonFunction = 4,
+  // The backward of a region compiled with torch.compile (AOTAutograd's
+  // CompiledFunction): its backward graph is called in the graph, so Dynamo
+  // and AOTAutograd trace it with the rest.
+  kAotBackward = 5,
 };
 
 // One tensor pre-hook call, in the order the eager engine makes them.
@@ -90,8 +94,9 @@ struct NodeRecord {
   // (input_nr, output index) of gradients returned by autograd.grad.
   std::vector<std::pair<int, int>> captures;
 
-  // kPythonFunction: the ctx (an index into hooks), and for each of its
-  // saved variables the position in tensor_args, or -1 for a saved None.
+  // kPythonFunction and kAotBackward: the ctx (an index into hooks), and for
+  // each of its saved variables the position in tensor_args, or -1 for a
+  // saved None.
   int python_ctx = -1;
   std::vector<int> saved_layout;
 };

@@ -154,11 +154,18 @@ py::list describe_nodes(const BackwardGraph& graph) {
     node["unpack_hooks"] = record.unpack_hooks;
     node["python_ctx"] = record.python_ctx;
     node["saved_layout"] = record.saved_layout;
-    node["is_variable_input"] = record.python_ctx < 0
-        ? std::vector<bool>()
+    const THPFunction* ctx = record.python_ctx < 0
+        ? nullptr
         : reinterpret_cast<THPFunction*>(
-              static_cast<const torch::autograd::PyNode&>(*record.node).pyobj())
-              ->is_variable_input;
+              static_cast<const torch::autograd::PyNode&>(*record.node).pyobj());
+    node["is_variable_input"] =
+        ctx ? ctx->is_variable_input : std::vector<bool>();
+    node["num_symints"] = ctx ? ctx->compiled_autograd_symints.size() : 0;
+    node["aot_forward_cls"] = record.kind == NodeKind::kAotBackward
+        ? py::object(py::handle(reinterpret_cast<PyObject*>(
+                                    const_cast<THPFunction*>(ctx)))
+                         .attr("_forward_cls"))
+        : py::object(py::none());
     node["saved_tensors"] = record.tensor_ids;
     node["sizes"] = py::make_tuple(record.sizes_begin, record.sizes_end);
     node["saved_scalars"] =
