@@ -10,7 +10,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental import proxy_tensor
 
 import torch._compiled_autograd as python_engine
-from helpers import compiled_autograd
+from helpers import check_against_eager, compiled_autograd, dynamo_compiler, identity_compiler
 
 
 def capture_graph(backward):
@@ -61,16 +61,30 @@ class TestCapture(expecttest.TestCase):
         self.assertEqual(x.grad.tolist(), [4.0, 8.0, 12.0])
         self.assertIn(python_engine.apply_with_saved, called_targets(gm))
 
-    def test_graph_calls_nodes_validation_and_hooks(self):
+    def test_graph_calls_nodes_and_hooks(self):
         gm = capture_graph(hooked_square_sum)
         targets = called_targets(gm)
         for op in (
             python_engine.apply_with_saved,
-            python_engine.validate_outputs,
             python_engine.call_hook,
             python_engine.accumulate_grad,
         ):
             self.assertIn(op, targets)
+
+    def test_node_outputs_are_cast_and_reduced_like_eager(self):
+        # MulBackward0 returns float64 gradients for both inputs and the
+        # broadcast shape for y; the eager engine's validate_outputs casts and
+        # sums them to each input's dtype and shape, and so must the graph.
+        def mixed_dtype_broadcast_mul():
+            x = torch.randn(2, 3, dtype=torch.float32, requires_grad=True)
+            y = torch.randn(3, dtype=torch.float64, requires_grad=True)
+            (x * y).sum().backward()
+            return x.grad, y.grad
+
+        for compiler in (identity_compiler, dynamo_compiler("aot_eager")):
+            x_grad, y_grad = check_against_eager(mixed_dtype_broadcast_mul, compiler)
+            self.assertEqual((x_grad.dtype, x_grad.shape), (torch.float32, (2, 3)))
+            self.assertEqual((y_grad.dtype, y_grad.shape), (torch.float64, (3,)))
 
     def test_captured_graph_text(self):
         gm = capture_graph(hooked_square_sum)
@@ -81,16 +95,13 @@ def forward(self, inputs, sizes, scalars, hooks, packed_data):
     getitem = inputs[0]
     getitem_1 = inputs[1];  inputs = None
     apply_with_saved = torch._compiled_autograd.apply_with_saved(0, [None], [getitem], sizes, (0, 0), scalars, (0, 0));  getitem = None
-    validate_outputs = torch._compiled_autograd.validate_outputs(0, apply_with_saved, sizes, (0, 0));  apply_with_saved = None
-    getitem_2 = validate_outputs[0];  validate_outputs = None
+    getitem_2 = apply_with_saved[0];  apply_with_saved = None
     apply_with_saved_1 = torch._compiled_autograd.apply_with_saved(1, [getitem_2], [], sizes, (0, 2), scalars, (0, 0));  getitem_2 = None
-    validate_outputs_1 = torch._compiled_autograd.validate_outputs(1, apply_with_saved_1, sizes, (0, 2));  apply_with_saved_1 = None
-    getitem_3 = validate_outputs_1[0];  validate_outputs_1 = None
+    getitem_3 = apply_with_saved_1[0];  apply_with_saved_1 = None
     getitem_4 = hooks[0];  hooks = None
     call_hook = torch._compiled_autograd.call_hook(getitem_4, getitem_3, hook_type = 'tensor_pre_hook');  getitem_4 = getitem_3 = None
-    apply_with_saved_2 = torch._compiled_autograd.apply_with_saved(2, [call_hook], [getitem_1], sizes, (2, 3), scalars, (0, 0));  call_hook = scalars = None
-    validate_outputs_2 = torch._compiled_autograd.validate_outputs(2, apply_with_saved_2, sizes, (2, 3));  apply_with_saved_2 = sizes = None
-    getitem_5 = validate_outputs_2[0];  validate_outputs_2 = None
+    apply_with_saved_2 = torch._compiled_autograd.apply_with_saved(2, [call_hook], [getitem_1], sizes, (2, 3), scalars, (0, 0));  call_hook = sizes = scalars = None
+    getitem_5 = apply_with_saved_2[0];  apply_with_saved_2 = None
     accumulate_grad = torch._compiled_autograd.accumulate_grad(getitem_1, getitem_5);  getitem_1 = getitem_5 = accumulate_grad = None
     return []""",
         )

@@ -260,7 +260,7 @@ def _apply(ops: Any, node_idx: int, node: BackwardNode, grads: list[Any], lifted
         ops.call_hook(hooks[hook_idx], lifted.packed_data[data_idx], hook_type="unpack_hook")
         for hook_idx, data_idx in node.unpack_hooks
     ]
-    outputs = apply(
+    return apply(
         node_idx,
         grads,
         [tensors[i] for i in node.saved_tensors],
@@ -270,7 +270,6 @@ def _apply(ops: Any, node_idx: int, node: BackwardNode, grads: list[Any], lifted
         node.saved_scalars,
         *([unpacked] if unpacked else []),
     )
-    return ops.validate_outputs(node_idx, outputs, lifted.sizes, node.sizes)
 
 
 # ---------------------------------------------------------------------------
@@ -297,7 +296,8 @@ def apply_with_saved(
     """Applies node ``node_idx`` of the running backward to ``grads``, with
     its saved tensors, sizes and scalars replaced by the given ones (its
     sizes are ``sizes[slice(*sizes_span)]``, those of its saved state first)
-    and its saved variables with saved-tensor hooks by ``unpacked``.
+    and its saved variables with saved-tensor hooks by ``unpacked``; then
+    checks and fixes up its outputs as :func:`validate_outputs` does.
 
     Dynamo keeps the node call in its graph; AOTAutograd traces through it
     into the node's aten ops.

@@ -358,14 +358,19 @@ PYBIND11_MODULE(_compiled_autograd_C, m) {
          const std::vector<c10::SymInt>& sizes,
          const py::list& saved_scalars,
          const std::vector<std::optional<at::Tensor>>& unpacked) {
+        // One op per node rather than two keeps the captured graph, and
+        // what Dynamo traces, small.
         NodeRecord& record = ActiveBackward::node(node_idx);
-        return apply_with_saved(
+        return validate_outputs(
             record,
-            to_variable_list(inputs),
-            to_variable_list(saved_tensors),
-            sizes,
-            to_scalars(record, saved_scalars),
-            to_variable_list(unpacked));
+            apply_with_saved(
+                record,
+                to_variable_list(inputs),
+                to_variable_list(saved_tensors),
+                sizes,
+                to_scalars(record, saved_scalars),
+                to_variable_list(unpacked)),
+            sizes);
       });
   m.def(
       "validate_outputs",
