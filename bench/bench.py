@@ -52,6 +52,7 @@ from workloads import FULL, MODELS, QUICK, Inputs, Model, count_autograd_nodes  
 ENGINES = ("eager", "legacy", "python", "python-symbolic")
 COMPILED_ENGINES = ("legacy", "python", "python-symbolic")
 WARMUP_REPS = 3
+AFTER_SHAPES_REPS = 10  # steady-state backwards at the standard shape after the shape sequence
 MODEL_SEED = 0
 INPUT_SEED = 1
 BACKWARD_MARK = "bench_backward"  # profiler range around the measured backward
@@ -109,6 +110,10 @@ class DynamicRun:
 
     engine: str
     steps: list[DynamicStep] = field(default_factory=list)
+    # Steady state at the standard shape once the sequence is over: what the
+    # graph Dynamo compiled for changing sizes costs per backward.
+    after_s: list[float] = field(default_factory=list)
+    after_median_s: Optional[float] = None
     error: Optional[str] = None
     error_traceback: Optional[str] = None
 
@@ -337,6 +342,11 @@ def run_dynamic_sequence(
             seconds = timed_backward(loss, run.engine, recorder)
             delta = counter_delta(before)
             run.steps.append(DynamicStep(batch, seq, seconds, delta["captures"], delta["dynamo_compiles"], delta["eager_fallbacks"]))
+    torch.manual_seed(INPUT_SEED)
+    inputs = spec.make_inputs(spec.batch, spec.seq)
+    for _ in range(AFTER_SHAPES_REPS):
+        run.after_s.append(timed_backward(forward_loss(model, spec, inputs), run.engine, recorder))
+    run.after_median_s = statistics.median(run.after_s)
 
 
 class CpuContention:

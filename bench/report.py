@@ -108,15 +108,26 @@ def main_table(models: Sequence[dict[str, Any]]) -> list[list[str]]:
     return rows
 
 
-DYNAMIC_HEADER = ["model", "engine", "shapes (batch x seq), in order", "captures", "Dynamo compiles", "per step: captures/compiles", "time (s)"]
+DYNAMIC_HEADER = [
+    "model", "engine", "shapes (batch x seq), in order", "captures", "Dynamo compiles",
+    "per step: captures/compiles", "time (s)", "steady afterwards vs eager", "steady afterwards (ms)",
+]
 
 
 def dynamic_table(models: Sequence[dict[str, Any]]) -> list[list[str]]:
     rows = []
     for model in models:
+        eager_median = model["engines"].get("eager", {}).get("steady_median_s")
         for run in model["dynamic"].values():
             phases = split_dynamic(model, run["steps"])
-            for label, steps in phases:
+            after = run.get("after_median_s")
+            for phase_idx, (label, steps) in enumerate(phases):
+                last = phase_idx == len(phases) - 1
+                after_cells = (
+                    [fmt(ratio(after, eager_median), ".2f", "x"), fmt(after * 1e3, ".3f")]
+                    if last and after is not None
+                    else ["", ""]
+                )
                 shapes = ", ".join(f"{s['batch']}x{s['seq']}" if model["seq"] else str(s["batch"]) for s in steps)
                 rows.append([
                     model["name"],
@@ -126,9 +137,10 @@ def dynamic_table(models: Sequence[dict[str, Any]]) -> list[list[str]]:
                     str(sum(s["dynamo_compiles"] for s in steps)),
                     ", ".join(f"{s['captures']}/{s['dynamo_compiles']}" for s in steps),
                     fmt(sum(s["seconds"] for s in steps), ".2f"),
+                    *after_cells,
                 ])
             if run["error"]:
-                rows.append([model["name"], run["engine"], f"error: {run['error']}", "", "", "", ""])
+                rows.append([model["name"], run["engine"], f"error: {run['error']}", "", "", "", "", "", ""])
     return rows
 
 
@@ -200,6 +212,9 @@ def render_markdown(data: dict[str, Any]) -> str:
         "shape, the first table), one backward per shape in the order listed: batch sizes",
         "first, then (sequence models) sequence lengths. A step's captures/compiles are",
         "those that shape caused; an engine that handles new sizes without work shows 0/0.",
+        "*Steady afterwards*: median of the backwards (bench.py's AFTER_SHAPES_REPS) at the standard shape once the",
+        "sequence is over, i.e. on the graph Dynamo compiled for changing sizes (ratio to",
+        "eager's steady-state median in the first table).",
         "",
         table(DYNAMIC_HEADER, dynamic_table(models)),
         "",
