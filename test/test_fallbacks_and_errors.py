@@ -67,23 +67,62 @@ def test_error_in_hook_propagates_and_engine_stays_usable(compiler_name):
     assert torch.equal(z.grad, 2 * z)
 
 
-def test_backward_twice_without_retain_graph_raises_eagers_error():
+def fallback_warnings(caught):
+    return [w for w in caught if "ran this backward with eager autograd" in str(w.message)]
+
+
+def test_backward_twice_without_retain_graph_raises_eagers_error_without_a_fallback_warning():
     x = torch.randn(3, requires_grad=True)
     y = (x.exp() * x).sum()
-    with compiled_autograd():
+    with compiled_autograd(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         y.backward()
         with pytest.raises(RuntimeError, match="backward through the graph a second time"):
             y.backward()
+    assert fallback_warnings(caught) == []
 
 
-def test_in_place_modification_of_saved_tensor_raises_eagers_error():
+def test_in_place_modification_of_saved_tensor_raises_eagers_error_without_a_fallback_warning():
     x = torch.randn(3, requires_grad=True)
     a = x * 1
     y = a.exp()
     y.add_(1)  # exp saved its output
-    with compiled_autograd():
+    with compiled_autograd(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             y.sum().backward()
+    assert fallback_warnings(caught) == []
+
+
+@pytest.mark.skipif(
+    not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
+    reason="needs torch.distributed with gloo",
+)
+def test_cpp_hook_refusing_compiled_autograd_falls_back_to_eager_with_a_warning():
+    # DDP's C++ reducer hooks AccumulateGrad with a post hook whose
+    # compiled_args raises a c10::Error; eager runs the backward fine.
+    import datetime
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    timeout = datetime.timedelta(seconds=30)
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timeout)
+    try:
+        torch.manual_seed(0)
+        model = DistributedDataParallel(torch.nn.Linear(4, 4))
+        x = torch.randn(2, 4)
+        model(x).sum().backward()
+        expected = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        before = eager_fallbacks()
+        with compiled_autograd(), pytest.warns(UserWarning, match="DDP Reducer"):
+            model(x).sum().backward()
+        assert eager_fallbacks() == before + 1
+        assert_same(expected, [p.grad for p in model.parameters()])
+    finally:
+        dist.destroy_process_group()
 
 
 def test_legacy_and_python_engines_in_one_process():

@@ -492,6 +492,8 @@ std::variant<BackwardGraph, Unsupported> collect_backward_graph(
     graph = collector.finish(std::move(order));
   } catch (const c10::NotImplementedError& e) {
     return Unsupported{e.what_without_backtrace(), false};
+  } catch (const c10::Error& e) {
+    return Unsupported{e.what_without_backtrace(), true};
   } catch (const std::exception& e) {
     return Unsupported{e.what(), true};
   }

@@ -120,9 +120,12 @@ struct BackwardGraph {
 // Why a backward cannot run on the Python engine; it runs on the eager engine.
 struct Unsupported {
   std::string reason;
-  // true when the eager engine is expected to raise the same error itself
-  // (e.g. a saved tensor modified in place); no warning is due then.
-  bool eager_raises = false;
+  // true when collecting the graph raised an error that the eager engine may
+  // raise itself (a saved tensor modified in place, a graph already freed):
+  // the fallback warns only once eager has run the backward without
+  // raising. Otherwise (e.g. a C++ hook that refuses compiled autograd, such
+  // as DDP's C++ reducer) the user would get no word of the fallback.
+  bool eager_may_raise = false;
 };
 
 // Walks the graph from root the way Engine::execute would for this graph

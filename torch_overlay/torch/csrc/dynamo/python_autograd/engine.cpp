@@ -116,16 +116,37 @@ variable_list run_on_eager_engine(
     const c10::intrusive_ptr<Node>& graph_root,
     const GraphTask& graph_task,
     const Unsupported& why) {
-  python_engine().attr("_report_eager_fallback")(why.reason, !why.eager_raises);
+  auto report = [&why](bool warn) {
+    python_engine().attr("_report_eager_fallback")(why.reason, warn);
+  };
+  if (!why.eager_may_raise) {
+    report(true);
+  }
   // Engine::execute owns the task through a shared_ptr; we were only lent a
   // reference to it.
   std::shared_ptr<GraphTask> task =
       const_cast<GraphTask&>(graph_task).shared_from_this();
-  py::gil_scoped_release no_gil;
-  auto future = Engine::get_default_engine().execute_with_graph_task(
-      task, graph_root, InputBuffer(variable_list()));
-  future->wait();
-  return future->value().toTensorVector();
+  variable_list grads;
+  try {
+    py::gil_scoped_release no_gil;
+    auto future = Engine::get_default_engine().execute_with_graph_task(
+        task, graph_root, InputBuffer(variable_list()));
+    future->wait();
+    grads = future->value().toTensorVector();
+  } catch (...) {
+    if (why.eager_may_raise) {
+      try {
+        report(false);
+      } catch (const py::error_already_set&) {
+        // The backward's own error is the one to raise.
+      }
+    }
+    throw;
+  }
+  if (why.eager_may_raise) {
+    report(true);
+  }
+  return grads;
 }
 
 py::list describe_nodes(const BackwardGraph& graph) {
