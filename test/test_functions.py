@@ -151,6 +151,32 @@ def test_function_saving_none_and_a_tensor_twice(compiler):
     check_against_eager(fn, compiler)
 
 
+class NonTensorOutput(torch.autograd.Function):
+    """A non-tensor input and output: backward gets None for the output's
+    gradient (materialized gradients notwithstanding) and returns None for
+    the input."""
+
+    @staticmethod
+    def forward(ctx, x, n, z):
+        return x * 2, n * 3, z * 4
+
+    @staticmethod
+    def backward(ctx, grad_x, grad_n, grad_z):
+        assert grad_n is None
+        return grad_x, grad_n, grad_z
+
+
+def test_function_with_non_tensor_input_and_output(compiler):
+    def fn():
+        x = torch.randn(4, requires_grad=True)
+        z = torch.randn(4, requires_grad=True)
+        a, n, b = NonTensorOutput.apply(x, 1, z)
+        (a + n + b).sum().backward()
+        return [x.grad, z.grad]
+
+    check_against_eager(fn, compiler)
+
+
 def test_function_with_untraceable_backward(compiler):
     def fn():
         x = torch.randn(4, requires_grad=True)

@@ -231,13 +231,15 @@ variable_list materialize_grads(
     bool keep = grads[i].defined() || !ctx->materialize_grads ||
         (record.node->input_metadata(i).was_default_constructed() &&
          !ctx->materialize_non_diff_grads);
-    if (!keep) {
+    // As VariableInfo::zeros: a non-tensor output (is_empty) gets an
+    // undefined gradient, a nested tensor zeros like itself.
+    if (!keep && !info.is_empty) {
       auto options = at::TensorOptions()
                          .dtype(info.scalar_type)
                          .device(info.device)
                          .layout(info.layout);
-      grads[i] = info.is_empty
-          ? at::empty({0}, options)
+      grads[i] = info.the_var.has_value()
+          ? at::zeros_like(*info.the_var)
           : at::zeros_symint(
                 c10::SymIntArrayRef(sizes.data() + next, rank), options);
     }
