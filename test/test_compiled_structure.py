@@ -1,6 +1,6 @@
 """Structural properties of what the engine hands to the compiler: one
 capture and one Dynamo compile across batch sizes and sequence lengths, and a
-captured graph a few times the size of the autograd graph. (Speed itself is
+captured graph at most three times the size of the autograd graph. (Speed itself is
 measured by `make bench`, never asserted.)"""
 
 import torch
@@ -56,7 +56,7 @@ def test_symbolic_sizes_new_shapes_neither_capture_nor_compile_again():
     assert compiler.dynamo_compiles == 1
 
 
-def test_captured_graph_is_at_most_four_times_the_autograd_graph():
+def test_captured_graph_is_at_most_three_times_the_autograd_graph():
     torch.manual_seed(0)
     model = transformer_encoder(layers=4, d_model=64)
     loss = model(transformer_input(4, seq=16, d_model=64)).sum()
@@ -65,7 +65,7 @@ def test_captured_graph_is_at_most_four_times_the_autograd_graph():
     with compiled_autograd(lambda gm: compiler.captured.append(gm) or gm):
         loss.backward()
     (captured,) = compiler.captured
-    assert len(captured.graph.nodes) <= 4 * num_autograd_nodes
+    assert len(captured.graph.nodes) <= 3 * num_autograd_nodes
 
 
 def test_by_default_new_shapes_do_not_capture_and_dynamo_generalizes_once_per_dimension():
@@ -91,3 +91,19 @@ def test_symbolic_and_default_installations_do_not_share_compiled_graphs():
         with compiled_autograd(CountingCompiler()):
             model(torch.randn(3, 4)).sum().backward()
     assert captures() == 2
+
+
+def test_forward_inputs_marked_dynamic_compile_under_both_size_modes():
+    @torch.compile(backend="aot_eager")
+    def region(x):
+        return x.sin().sin()
+
+    for symbolic in (False, True):
+        torch._dynamo.reset()
+        torch._dynamo.config.compiled_autograd_symbolic_sizes = symbolic
+        with compiled_autograd(torch.compile(backend="aot_eager")):
+            for batch in (2, 4):
+                x = torch.randn(batch, 3, requires_grad=True)
+                torch._dynamo.mark_dynamic(x, 0)
+                region(x).sum().backward()
+                torch.testing.assert_close(x.grad, (x.sin().cos() * x.cos()).detach())

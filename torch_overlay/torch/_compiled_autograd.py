@@ -758,6 +758,11 @@ _SYMBOLIC_SIZES = (
     torch._dynamo.config.patch(assume_static_by_default=False),
     torch.fx.experimental._config.patch(use_duck_shape=False),
 )
+# Otherwise Dynamo specializes the sizes, and a lifted tensor (a forward input
+# or activation) that the user marked dynamic for the forward's sake
+# (torch._dynamo.mark_dynamic) would make it raise ConstraintViolationError:
+# the size is specialized, and a change recompiles, as for any other size.
+_STATIC_SIZES = torch._dynamo.config.patch(allow_ignore_mark_dynamic=True)
 
 
 class _CompiledBackward:
@@ -787,7 +792,8 @@ class _CompiledBackward:
         try:
             with torch._guards.compile_context(self.compile_context):
                 if not self.symbolic_sizes:
-                    return self.compiled(inputs, *other_inputs)
+                    with _STATIC_SIZES:
+                        return self.compiled(inputs, *other_inputs)
                 with _SYMBOLIC_SIZES[0], _SYMBOLIC_SIZES[1]:
                     return self.compiled(inputs, *other_inputs)
         finally:
