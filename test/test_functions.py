@@ -474,3 +474,24 @@ def test_gpt2_style_block_with_custom_attention_trains_like_eager(backend):
     compiled_losses = train(True)
     np.testing.assert_allclose(compiled_losses, eager_losses, rtol=0, atol=1e-5)
     assert counters["compiled_autograd"]["captures"] == 1
+
+
+def test_compiled_region_with_backward_state_hook_raises_a_clear_error_and_engine_stays_usable():
+    # Compiled while compiled autograd is on, Dynamo moves the hook into a
+    # BackwardState that only a compiled autograd trace can bind (its backward
+    # fails eagerly too): the engine refuses it with what to do instead.
+    def hooked_region(x):
+        y = x.sin()
+        y.register_hook(lambda grad: grad * 2)
+        return y.sin()
+
+    def scaled_sin():
+        x = torch.randn(4, requires_grad=True)
+        ScaledSin.apply(x, 2.0).sum().backward()
+        return [x.grad]
+
+    region = torch.compile(hooked_region, backend="aot_eager")
+    with compiled_autograd(dynamo_compiler("aot_eager")):
+        with pytest.raises(RuntimeError, match="compiled_autograd_engine = 'legacy'"):
+            region(torch.ones(4, requires_grad=True)).sum().backward()
+    check_against_eager(scaled_sin, dynamo_compiler("aot_eager"))

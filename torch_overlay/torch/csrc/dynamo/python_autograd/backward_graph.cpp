@@ -195,14 +195,28 @@ THPFunction* python_function_ctx(const Node& fn) {
 }
 
 // Python autograd.Functions whose backward the graph can call itself. The
-// others run as themselves: Functions carrying Dynamo backward state or
-// opaque objects, Functions whose saved tensors have saved-tensor hooks,
-// and backwards of compiled regions that torch._compiled_autograd cannot
-// inline (tensor subclasses, RNG state, ...; see _aot_backward_inlinable).
+// others run as themselves: Functions carrying opaque objects, Functions
+// whose saved tensors have saved-tensor hooks, and backwards of compiled
+// regions that torch._compiled_autograd cannot inline (tensor subclasses,
+// RNG state, ...; see _aot_backward_inlinable). Regions carrying Dynamo
+// backward state cannot run at all.
 bool backward_callable_in_graph(const Node& fn) {
   THPFunction* ctx = python_function_ctx(fn);
   if (ctx->compiled_autograd_backward_state != nullptr) {
-    return false;
+    // Dynamo compiled the region with compiled autograd on and moved the
+    // hooks it registers on intermediates into a BackwardState, which only
+    // a compiled autograd trace can bind: its backward asserts otherwise,
+    // eagerly too.
+    throw UnrunnableBackward(
+        "the backward of a torch.compile'd region that registers hooks on "
+        "its intermediate tensors (" +
+        fn.name() +
+        ", compiled while compiled autograd was enabled, so Dynamo put the "
+        "hooks into a BackwardState) cannot run on the python compiled "
+        "autograd engine yet. Set "
+        "torch._dynamo.config.compiled_autograd_engine = 'legacy' before "
+        "compiling the region, or register the hook outside the compiled "
+        "region.");
   }
   for (const auto& saved : ctx->saved_variables) {
     if (saved.has_hooks()) {
@@ -490,6 +504,8 @@ std::variant<BackwardGraph, Unsupported> collect_backward_graph(
   BackwardGraph graph;
   try {
     graph = collector.finish(std::move(order));
+  } catch (const UnrunnableBackward&) {
+    throw;
   } catch (const c10::NotImplementedError& e) {
     return Unsupported{e.what_without_backtrace(), false};
   } catch (const c10::Error& e) {

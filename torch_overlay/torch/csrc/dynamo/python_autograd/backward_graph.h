@@ -15,6 +15,7 @@
 
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <variant>
@@ -126,6 +127,12 @@ struct Unsupported {
   // raising. Otherwise (e.g. a C++ hook that refuses compiled autograd, such
   // as DDP's C++ reducer) the user would get no word of the fallback.
   bool eager_may_raise = false;
+};
+
+// A backward that neither this engine nor the eager engine can run: raised
+// to the user as a RuntimeError that says what to do.
+struct UnrunnableBackward : std::runtime_error {
+  using std::runtime_error::runtime_error;
 };
 
 // Walks the graph from root the way Engine::execute would for this graph
