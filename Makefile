@@ -11,7 +11,7 @@ BUILD_ARGS ?=
 VENV_PYTHON := $(VENV)/bin/python
 TEST_ENV := PCA_SHARED=$(abspath $(SHARED))
 
-.PHONY: all build verify install run test fuzz bench bench-quick bench-requirements check-build-scripts clean distclean
+.PHONY: all build verify install run test test-upstream test-upstream-full fuzz bench bench-quick bench-dist bench-requirements check-build-scripts clean distclean
 
 all: build
 
@@ -47,6 +47,17 @@ bench: install bench-requirements
 bench-quick: install bench-requirements
 	$(BENCH_ENV) $(VENV_PYTHON) bench/bench.py --quick $(BENCH_ARGS)
 
+# Distributed benchmark (bench/bench_dist.py; docs/distributed.md): two processes on gloo
+# (CPU) train an MLP and a small GPT-2 under DDP with its C++ reducer and with
+# optimize_ddp="python_reducer", each with eager autograd, the legacy engine and the python
+# engine; writes bench/results-dist.{md,json}. About 20-25 min on 2 cores, most of it the
+# legacy engine's first compile of the GPT-2. Extra options:
+# make bench-dist BENCH_DIST_ARGS="--models mlp --backend aot_eager".
+BENCH_DIST_ARGS ?=
+
+bench-dist: install
+	$(VENV_PYTHON) bench/bench_dist.py $(BENCH_DIST_ARGS)
+
 bench-requirements: $(BENCH_STAMP)
 
 # Installed once per venv and again when bench/requirements.txt changes; the import check
@@ -60,6 +71,27 @@ $(BENCH_STAMP): bench/requirements.txt
 # passes without running tests.
 test: install
 	$(TEST_ENV) $(VENV_PYTHON) -m pytest test -q
+
+# PyTorch's own test/inductor/test_compiled_autograd.py against the installed wheel
+# (test/upstream/run_upstream.py; it copies the file into build/upstream-tests, never edits
+# it; docs/testing-upstream.md). ENGINE=python (default) or legacy. Fails when a test off
+# the engine's list of expected differences (test/upstream/expected_differences.txt; for
+# legacy expected_failures_legacy.txt) fails, or a listed test passes.
+# test-upstream runs the CI subset (test/upstream/ci_subset.txt, a few minutes),
+# test-upstream-full the whole file (15-25 min on 2 cores). Results:
+# build/upstream/results-$(ENGINE)-ci_subset.json and results-$(ENGINE).json.
+# UPSTREAM_ARGS are passed on, e.g. UPSTREAM_ARGS="-- -k hooks".
+ENGINE ?= python
+PYTORCH_TESTS ?= $(SHARED)/pytorch-tests
+UPSTREAM_ARGS ?=
+UPSTREAM_RUN = $(TEST_ENV) $(VENV_PYTHON) test/upstream/run_upstream.py --engine $(ENGINE) \
+	--pytorch-tests $(PYTORCH_TESTS)
+
+test-upstream: install
+	$(UPSTREAM_RUN) --subset test/upstream/ci_subset.txt $(UPSTREAM_ARGS)
+
+test-upstream-full: install
+	$(UPSTREAM_RUN) --full $(UPSTREAM_ARGS)
 
 # Unit tests of the build scripts themselves (standard library only, ~1 s).
 check-build-scripts:
