@@ -37,7 +37,6 @@ import pathlib
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,6 +48,9 @@ sys.path.insert(0, str(BENCH.parent / "test"))
 import torch  # noqa: E402
 
 import distributed_workers as dw  # noqa: E402
+
+sys.path.insert(0, str(BENCH))
+from bench import source_version  # noqa: E402
 
 ENGINES = ("eager", "legacy", "python")
 CASES = {
@@ -64,24 +66,6 @@ def log(message: str) -> None:
 
 def run_name(model: str, mode: str, engine: str) -> str:
     return f"{model}/{mode}/{engine}"
-
-
-def source_version() -> str:
-    repo = BENCH.parent
-    try:
-        commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True).stdout.strip()
-        commit += "+dirty" if dirty else ""
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
-    try:
-        stamp = json.loads((pathlib.Path(sys.prefix) / "pca-install.json").read_text())
-        wheel = f"{stamp['wheel'][0]} (sha256 {stamp['wheel'][1][:12]})"
-    except (OSError, ValueError, KeyError, IndexError):
-        wheel = "unknown"
-    return f"commit {commit}; installed wheel {wheel}"
 
 
 def machine() -> str:
