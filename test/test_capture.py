@@ -2,12 +2,14 @@
 without FakeTensors, make_fx or proxy dispatch modes."""
 
 import contextlib
+import re
 from unittest import mock
 
 import expecttest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental import proxy_tensor
+from torch.testing._internal.logging_utils import logs_to_string
 
 import torch._compiled_autograd as python_engine
 from helpers import check_against_eager, compiled_autograd, dynamo_compiler, identity_compiler
@@ -121,6 +123,39 @@ def forward(self, inputs, sizes, scalars, hooks, packed_data):
         self.assertEqual(len(reasons), 2)
         self.assertEqual(reasons[0], "no graph captured yet")
         self.assertIn("(CosBackward0) replaces SinBackward0", reasons[1])
+
+    def test_logged_graph_names_the_autograd_node_of_each_op(self):
+        logs, logging_enabled = logs_to_string("torch._dynamo.compiled_autograd", "compiled_autograd")
+        with logging_enabled():
+            capture_graph(hooked_square_sum)
+        origins = re.findall(r"code: (.*)$", logs.getvalue(), flags=re.MULTILINE)
+        self.assertExpectedInline(
+            "\n".join(origins),
+            """\
+torch::autograd::GraphRoot (NodeCall 0)
+SumBackward0 (NodeCall 1)
+PowBackward0 (NodeCall 2)
+torch::autograd::AccumulateGrad (NodeCall 3)""",
+        )
+
+    def test_verbose_log_names_the_first_new_node_of_each_cache_miss(self):
+        logs, logging_enabled = logs_to_string("torch._dynamo.compiled_autograd", "compiled_autograd_verbose")
+        with logging_enabled(), compiled_autograd():
+            for batch in (2, 3):  # sizes are not key material: one miss
+                (torch.randn(batch, requires_grad=True).sin() * 2).sum().backward()
+            (torch.randn(3, requires_grad=True).cos() * 2).sum().backward()
+        misses = re.findall(r"^Cache miss due to new autograd node: (.*)$", logs.getvalue(), flags=re.MULTILINE)
+        self.assertEqual(len(misses), 2, logs.getvalue())
+        self.assertRegex(misses[0], r"^torch::autograd::GraphRoot \(NodeCall 0\) with key size \d+, previous key sizes=\[\]$")
+        self.assertRegex(misses[1], r"^CosBackward0 \(NodeCall 3\) with key size \d+, previous key sizes=\[\d+\]$")
+
+    def test_printed_graph_shows_a_compiled_regions_backward(self):
+        region = torch.compile(lambda x: x.sin() * 1.5, backend="aot_eager")
+        x = torch.randn(4, requires_grad=True)
+        text = capture_graph(lambda: region(x).sum().backward()).print_readable(print_output=False)
+        (aot_id,) = set(re.findall(r"self\.CompiledFunctionBackward(\d+)\(", text))
+        self.assertIn(f"class CompiledFunctionBackward{aot_id}(torch.nn.Module):", text)
+        self.assertRegex(text, rf"aot{aot_id}_cos\w*(: .*)? = torch.ops.aten.cos.default\(aot{aot_id}_primals_1\)")
 
     def test_python_autograd_runs_directly_on_real_values(self):
         """The engine loop is plain Python: run on the real lifted values

@@ -319,7 +319,7 @@ def test_backward_of_a_torch_compiled_region_is_inlined(compiler, region_backend
     # Inductor's forward kernels may round differently from eager's.
     check_against_eager(fn, record_and_compile, exact=region_backend != "inductor")
     code = graphs[0].code
-    assert "apply_eagerly" not in code and "_backward(" in code, code
+    assert "apply_eagerly" not in code and "self.CompiledFunctionBackward" in code, code
 
 
 def test_backward_of_a_dynamic_shape_compiled_region(compiler):
@@ -362,6 +362,18 @@ def test_compiled_region_with_tensor_subclass_runs_opaquely(compiler):
 
     check_against_eager(fn, record_and_compile)
     assert "apply_eagerly" in graphs[0].code
+
+
+def test_node_run_eagerly_under_fullgraph_says_what_to_do():
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    region = torch.compile(lambda x: (x * x).sin(), backend="aot_eager")
+    x = TwoTensor(torch.randn(4), torch.randn(4)).requires_grad_()
+    loss = region(x).sum()
+    fullgraph = lambda gm: torch.compile(gm, backend="eager", fullgraph=True)  # noqa: E731
+    with pytest.raises(Exception, match="without fullgraph=True.*compiled_autograd_engine"):
+        with compiled_autograd(fullgraph):
+            loss.backward()
 
 
 @pytest.mark.parametrize("use_reentrant", [False, True])

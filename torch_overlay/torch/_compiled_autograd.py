@@ -29,6 +29,7 @@ upstream engine instead (torch/_dynamo/compiled_autograd.py).
 import dataclasses
 import enum
 import logging
+import operator
 import sys
 import threading
 import warnings
@@ -40,13 +41,15 @@ import torch
 import torch.fx
 from torch import _compiled_autograd_C as _C
 from torch._dynamo.utils import counters, set_locals_to_steal
-from torch._logging import getArtifactLogger
+from torch._logging import getArtifactLogger, LazyString
 
 
 __all__ = ["BackwardNode", "Lifted", "NodeKind", "capture", "python_autograd"]
 
-log = getArtifactLogger(__name__, "compiled_autograd")
-verbose_log = getArtifactLogger(__name__, "compiled_autograd_verbose")
+# The legacy engine's loggers: handlers and filters set up for one engine's
+# TORCH_LOGS=compiled_autograd[_verbose] output see the other's.
+log = getArtifactLogger("torch._dynamo.compiled_autograd", "compiled_autograd")
+verbose_log = getArtifactLogger("torch._dynamo.compiled_autograd", "compiled_autograd_verbose")
 
 
 class NodeKind(enum.IntEnum):
@@ -128,7 +131,9 @@ class BackwardNode:
             aot_backward=(
                 None
                 if collected["aot_forward_cls"] is None
-                else AOTBackward.of(collected["aot_forward_cls"], collected["name"])
+                else AOTBackward.of(
+                    collected["aot_forward_cls"], collected["name"], collected["num_symints"]
+                )
             ),
         )
 
@@ -169,6 +174,7 @@ def python_autograd(
     graph_outputs: list[Any] = [None] * num_outputs
 
     for node_idx, node in enumerate(nodes):
+        ops.begin_node(node_idx, node)
         grads = buffers[node_idx]
         buffers[node_idx] = None
         assert grads is not None
@@ -275,6 +281,11 @@ def _apply(ops: Any, node_idx: int, node: BackwardNode, grads: list[Any], lifted
 # ---------------------------------------------------------------------------
 # Backward ops: what the captured graph calls
 # ---------------------------------------------------------------------------
+
+
+def begin_node(node_idx: int, node: BackwardNode) -> None:
+    """Marks where node ``node_idx``'s work starts: nothing to do when
+    running; a capture annotates the ops that follow with the node."""
 
 
 # The graph passes the whole sizes and scalars lists with each node's span of
@@ -394,53 +405,95 @@ def function_gradients(
     return outputs
 
 
-class AOTBackward(torch.nn.Module):
+class AOTBackward(torch.fx.GraphModule):
     """The backward of a region compiled with torch.compile, for the graph to
-    call: AOTAutograd's prologue (tangent layout), then the region's backward
-    graph. Dynamo traces ``forward``, so the region's backward ops join the
-    rest of the backward in one compiled graph. (AOTAutograd's epilogue only
-    matters for what ``_aot_backward_inlinable`` excludes: effect tokens, RNG
-    offsets, subclasses.)
+    call: AOTAutograd's prologue (tangent layout), then a copy of the
+    region's backward graph, its nodes named ``aot<N>_...`` after the region
+    (AOTAutograd's id), so that they read as the region's in a printed graph.
+    Dynamo traces it, so the region's backward ops join the rest of the
+    backward in one compiled graph. (AOTAutograd's epilogue only matters for
+    what ``_aot_backward_inlinable`` excludes: effect tokens, RNG offsets,
+    subclasses.)
 
     One per region (AOTAutograd's ``CompiledFunction`` class), made the first
-    time a backward through it is captured. ``_aot_backward_inlinable``
-    decides which regions it can run; the others run as themselves.
+    time a backward through it is captured, and named like the legacy
+    engine's annotation of it, e.g. ``CompiledFunctionBackward0``.
+    ``_aot_backward_inlinable`` decides which regions it can run; the others
+    run as themselves.
     """
 
     _by_region: "weakref.WeakKeyDictionary[type, AOTBackward]" = weakref.WeakKeyDictionary()
     _by_aot_id: "weakref.WeakValueDictionary[int, AOTBackward]" = weakref.WeakValueDictionary()
 
-    def __init__(self, forward_cls: type, name: str) -> None:
+    def __init__(self, forward_cls: type, name: str, num_symints: int) -> None:
         from torch._dynamo.compiled_autograd import extract_bw_module
 
-        super().__init__()
-        self.aot_id = forward_cls._aot_id
-        self.name = name
-        self.backward_graph = _views_as_reshapes(extract_bw_module(forward_cls))
-        self.num_graph_inputs = sum(
-            1 for node in self.backward_graph.graph.nodes if node.op == "placeholder"
+        aot_id = forward_cls._aot_id
+        super().__init__(
+            torch.nn.Module(),
+            _region_backward_graph(aot_id, extract_bw_module(forward_cls).graph, num_symints),
+            f"{name}{aot_id}",
         )
+        self.aot_id = aot_id
+        self.num_symints = num_symints
         self.prologue = forward_cls._bw_prologue_fn
-        AOTBackward._by_aot_id[self.aot_id] = self
+        AOTBackward._by_aot_id[aot_id] = self
 
     @classmethod
-    def of(cls, forward_cls: type, name: str) -> "AOTBackward":
-        if forward_cls not in cls._by_region:
-            cls._by_region[forward_cls] = cls(forward_cls, name)
-        return cls._by_region[forward_cls]
+    def of(cls, forward_cls: type, name: str, num_symints: int) -> "AOTBackward":
+        region = cls._by_region.get(forward_cls)
+        if region is None or region.num_symints != num_symints:
+            region = cls._by_region[forward_cls] = cls(forward_cls, name, num_symints)
+        return region
 
-    def forward(
-        self,
-        saved_tensors: list[Optional[torch.Tensor]],
-        symints: list[Any],
-        grads: list[Optional[torch.Tensor]],
-    ) -> Sequence[Any]:
-        # A tuple: the prologue empties a list of gradients it is given.
-        prepared = _prepare_aot_backward_inputs(self.aot_id, saved_tensors, symints, tuple(grads))
-        # The symints as given, not as the prologue returned them: under
-        # Dynamo those would be new unbacked values.
-        graph_inputs = [*symints, *prepared[len(symints) : self.num_graph_inputs]]
-        return tuple(self.backward_graph(*graph_inputs))
+
+def _region_backward_graph(
+    aot_id: int, backward_graph: torch.fx.Graph, num_symints: int
+) -> torch.fx.Graph:
+    """``(saved_tensors, symints, grads) -> gradients``: the prologue, then the
+    region's backward graph, with aten.view as aten.reshape (the region's
+    forward was compiled with Inductor's view-to-reshape pass, so the
+    gradients it saved may not be viewable the way the graph assumed)."""
+    graph = torch.fx.Graph()
+    saved_tensors, symints, grads = (
+        graph.placeholder(name) for name in ("saved_tensors", "symints", "grads")
+    )
+    prepared = graph.create_node(
+        "call_function",
+        _prepare_aot_backward_inputs,
+        (aot_id, saved_tensors, symints, grads),
+        name=f"aot{aot_id}_prologue",
+    )
+    env: dict[torch.fx.Node, Any] = {}
+    for node in backward_graph.nodes:
+        name = f"aot{aot_id}_{node.name}"
+        if node.op == "placeholder":
+            # The symints as given, not as the prologue returned them: under
+            # Dynamo those would be new unbacked values.
+            position = len(env)
+            source = symints if position < num_symints else prepared
+            env[node] = graph.create_node(
+                "call_function", operator.getitem, (source, position), name=name
+            )
+        elif node.op == "output":
+            graph.output(torch.fx.map_arg(node.args[0], env.__getitem__))
+        else:
+            target = (
+                torch.ops.aten.reshape.default
+                if node.target is torch.ops.aten.view.default
+                else node.target
+            )
+            copied = graph.create_node(
+                node.op,
+                target,
+                torch.fx.map_arg(node.args, env.__getitem__),
+                torch.fx.map_arg(node.kwargs, env.__getitem__),
+                name=name,
+                type_expr=node.type,
+            )
+            copied.meta = dict(node.meta)
+            env[node] = copied
+    return graph
 
 
 @torch._dynamo.allow_in_graph
@@ -448,26 +501,14 @@ def _prepare_aot_backward_inputs(
     aot_id: int,
     saved_tensors: list[Optional[torch.Tensor]],
     symints: list[Any],
-    grads: tuple[Optional[torch.Tensor], ...],
+    grads: list[Optional[torch.Tensor]],
 ) -> list[Any]:
     """AOTAutograd's backward prologue of a region (the layout its backward
     graph wants of the gradients): one op for Dynamo, whose tensor ops
     AOTAutograd traces. It is generated code Dynamo skips; the graph refers
     to the region by id because fx cannot name the generated function."""
-    return AOTBackward._by_aot_id[aot_id].prologue(saved_tensors, symints, [], grads)
-
-
-def _views_as_reshapes(backward_graph: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """A copy of a region's backward graph with aten.view as aten.reshape: the
-    region's forward was compiled with Inductor's view-to-reshape pass, so
-    the gradients it saved may not be viewable the way the graph assumed."""
-    graph = torch.fx.Graph()
-    output = graph.graph_copy(backward_graph.graph, {})
-    graph.output(output)
-    for node in graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.aten.view.default:
-            node.target = torch.ops.aten.reshape.default
-    return torch.fx.GraphModule(backward_graph, graph)
+    # A tuple: the prologue empties a list of gradients it is given.
+    return AOTBackward._by_aot_id[aot_id].prologue(saved_tensors, symints, [], tuple(grads))
 
 
 def _aot_backward_inlinable(forward_cls: type) -> bool:
@@ -524,7 +565,15 @@ def _validate_node_outputs(
     return _C.validate_outputs(node_idx, outputs, sizes)
 
 
-@torch._dynamo.disable
+@torch._dynamo.disable(
+    reason=(
+        "compiled autograd's python engine runs this autograd node eagerly (a C++ "
+        "or Python Function whose backward it cannot trace, or a torch.compile'd "
+        "region with tensor subclasses, RNG state or effect tokens). Compile the "
+        "captured graph without fullgraph=True, or set "
+        "torch._dynamo.config.compiled_autograd_engine = 'legacy'"
+    )
+)
 def apply_eagerly(
     node_idx: int, grads: list[Optional[torch.Tensor]]
 ) -> list[Optional[torch.Tensor]]:
@@ -626,17 +675,41 @@ _RUNTIME_OPS = sys.modules[__name__]
 # ---------------------------------------------------------------------------
 
 
+class _AnnotatingTracer(torch.fx.proxy.GraphAppendingTracer):
+    """Appends to a graph, annotating each node with ``origin``: where it
+    came from, as a stack trace, which print_readable shows above it."""
+
+    def __init__(self, graph: torch.fx.Graph) -> None:
+        super().__init__(graph)
+        self.origin: Optional[str] = None
+
+    def create_node(self, *args: Any, **kwargs: Any) -> torch.fx.Node:
+        node = super().create_node(*args, **kwargs)
+        node.stack_trace = self.origin
+        return node
+
+
 class _GraphRecorder:
     """Stands in for the backward ops while :func:`python_autograd` is
     traced: each call records a ``call_function`` of the real op, except
     compiled regions' backwards, which become submodules of ``root``."""
 
-    def __init__(self, tracer: torch.fx.proxy.GraphAppendingTracer) -> None:
+    def __init__(self, tracer: _AnnotatingTracer) -> None:
         self._tracer = tracer
         self.root = torch.nn.Module()
 
+    def begin_node(self, node_idx: int, node: BackwardNode) -> None:
+        """The ops recorded from now on come from this node: print_readable
+        shows ``# File: ..., code: <node name> (NodeCall <node_idx>)`` above
+        them (the legacy engine's annotation; the index is the node's
+        position in execution order, the ``node_idx`` its ops take)."""
+        self._tracer.origin = (
+            f'  File "{__file__}", line {python_autograd.__code__.co_firstlineno}, '
+            f"in python_autograd\n    {node.name} (NodeCall {node_idx})\n"
+        )
+
     def call_aot_backward(self, aot_backward: "AOTBackward", *args: Any) -> torch.fx.Proxy:
-        name = f"aot{aot_backward.aot_id}_backward"
+        name = aot_backward._get_name()
         self.root.add_module(name, aot_backward)
         return self._tracer.create_proxy("call_module", name, args, {})
 
@@ -660,7 +733,7 @@ def capture(
     ``backward_nodes`` and ``num_outputs``.
     """
     graph = torch.fx.Graph()
-    tracer = torch.fx.proxy.GraphAppendingTracer(graph)
+    tracer = _AnnotatingTracer(graph)
     inputs, sizes, scalars, hooks, packed_data = (
         torch.fx.Proxy(graph.placeholder(name), tracer)
         for name in ("inputs", "sizes", "scalars", "hooks", "packed_data")
@@ -723,26 +796,45 @@ def reset() -> None:
 
 
 def _capture(
-    collected_nodes: list[dict[str, Any]], num_outputs: int, num_tensors: int, reason: str
+    collected_nodes: list[dict[str, Any]],
+    num_outputs: int,
+    num_tensors: int,
+    reason: str,
+    new_node: tuple[int, str, int, list[int]],
 ) -> Callable[..., Any]:
-    """Called from C++ on a cache miss (``reason`` says why): captures and
-    compiles a graph."""
+    """Called from C++ on a cache miss: captures and compiles a graph.
+
+    ``reason`` says how the graph differs from the previous backward's;
+    ``new_node`` is the first node no cached graph has after the same nodes
+    (index, name, the size of its part of the cache key, and that of the
+    cached graphs at that position), logged in the legacy engine's words."""
     from torch._dynamo import compiled_autograd as frontend
 
     assert _installation is not None, "the Python compiled autograd engine is not installed"
+    node_idx, node_name, key_size, previous_key_sizes = new_node
+    verbose_log.debug(
+        "Cache miss due to new autograd node: %s (NodeCall %d) with key size %d, "
+        "previous key sizes=[%s]",
+        node_name,
+        node_idx,
+        key_size,
+        ", ".join(map(str, previous_key_sizes)),
+    )
     nodes = [BackwardNode.from_collected(node) for node in collected_nodes]
     counters["compiled_autograd"]["captures"] += 1
     compile_id = next(frontend.COMPILE_COUNTER)
     graph_module = capture(nodes, num_outputs, num_tensors)
     graph_module.meta["capture_reason"] = reason
-    log.info(
-        "Compiled autograd graph %d (python engine, %d autograd nodes), captured "
-        "because %s:\n%s",
-        compile_id,
-        len(nodes),
-        reason,
-        graph_module.print_readable(print_output=False),
-    )
+    for logger, level in ((log, logging.INFO), (verbose_log, logging.DEBUG)):
+        logger.log(
+            level,
+            "Compiled autograd graph %d (python engine, %d autograd nodes), captured "
+            "because %s:\n%s",
+            compile_id,
+            len(nodes),
+            reason,
+            LazyString(lambda: graph_module.print_readable(print_output=False)),
+        )
     with frontend.make_compile_context(compile_id):
         compiled = _installation.compiler_fn(graph_module)
     return _CompiledBackward(compile_id, compiled, _installation.symbolic_sizes)

@@ -63,35 +63,87 @@ CompiledGraphs& compiled_graphs() {
   return all_compiled_graphs()[symbolic_sizes];
 }
 
-// Why `graph` missed the cache, in terms of the graph the previous backward
-// used: the first node whose collected state differs.
-std::string explain_cache_miss(const BackwardGraph& graph) {
+size_t node_key_begin(const std::vector<size_t>& node_key_ends, size_t i) {
+  return i == 0 ? 0 : node_key_ends[i - 1];
+}
+
+// How many leading nodes of `graph` have the same part of the key as in a
+// cached graph.
+size_t common_nodes(
+    const BackwardGraph& graph,
+    const std::string& cached_key,
+    const CompiledGraph& cached) {
+  size_t common =
+      std::min(graph.node_key_ends.size(), cached.node_key_ends.size());
+  for (size_t i = 0; i < common; ++i) {
+    size_t begin = node_key_begin(graph.node_key_ends, i);
+    size_t end = graph.node_key_ends[i];
+    if (end != cached.node_key_ends[i] ||
+        graph.key.compare(begin, end - begin, cached_key, begin, end - begin) !=
+            0) {
+      return i;
+    }
+  }
+  return common;
+}
+
+// Why `graph` missed the cache. `reason` compares it with the graph the
+// previous backward used; the other fields locate the first node that no
+// cached graph has after the same nodes (the legacy engine's "new autograd
+// node", whose cache is a trie of nodes), with the size of its part of the
+// key and those of the cached graphs at that position.
+struct CacheMiss {
+  std::string reason;
+  size_t node_index = 0;
+  std::string node_name;
+  size_t key_size = 0;
+  std::vector<size_t> previous_key_sizes;
+};
+
+std::string compare_with_previous(const BackwardGraph& graph) {
   const auto* previous = compiled_graphs().last_used;
   if (previous == nullptr) {
     return "no graph captured yet";
   }
   const auto& [previous_key, previous_graph] = *previous;
-  size_t common = std::min(graph.nodes.size(), previous_graph.node_names.size());
-  size_t begin = 0;
-  for (size_t i = 0; i < common; ++i) {
-    size_t end = graph.node_key_ends[i];
-    bool same = end == previous_graph.node_key_ends[i] &&
-        graph.key.compare(begin, end - begin, previous_key, begin, end - begin) ==
-            0;
-    if (!same) {
-      std::string name = graph.nodes[i].node->name();
-      const std::string& previous_name = previous_graph.node_names[i];
-      return "node " + std::to_string(i) + " (" + name + ") " +
-          (name == previous_name
-               ? "has different saved state, hooks or edges"
-               : "replaces " + previous_name) +
-          " compared with the previous backward's graph";
-    }
-    begin = end;
+  size_t i = common_nodes(graph, previous_key, previous_graph);
+  if (i < graph.nodes.size() && i < previous_graph.node_names.size()) {
+    std::string name = graph.nodes[i].node->name();
+    const std::string& previous_name = previous_graph.node_names[i];
+    return "node " + std::to_string(i) + " (" + name + ") " +
+        (name == previous_name ? "has different saved state, hooks or edges"
+                               : "replaces " + previous_name) +
+        " compared with the previous backward's graph";
   }
   return "the graph has " + std::to_string(graph.nodes.size()) +
       " nodes, the previous backward's had " +
       std::to_string(previous_graph.node_names.size());
+}
+
+CacheMiss explain_cache_miss(const BackwardGraph& graph) {
+  TORCH_INTERNAL_ASSERT(!graph.nodes.empty());
+  CacheMiss miss{compare_with_previous(graph)};
+  std::vector<size_t> common_per_graph;
+  for (const auto& [key, cached] : compiled_graphs().by_key) {
+    common_per_graph.push_back(common_nodes(graph, key, cached));
+    miss.node_index = std::max(miss.node_index, common_per_graph.back());
+  }
+  // A graph that is a prefix of a cached one is new at its last node.
+  miss.node_index =
+      std::min(miss.node_index, graph.nodes.size() - 1);
+  miss.node_name = graph.nodes[miss.node_index].node->name();
+  miss.key_size = graph.node_key_ends[miss.node_index] -
+      node_key_begin(graph.node_key_ends, miss.node_index);
+  size_t position = 0;
+  for (const auto& [key, cached] : compiled_graphs().by_key) {
+    if (common_per_graph[position++] >= miss.node_index &&
+        miss.node_index < cached.node_key_ends.size()) {
+      miss.previous_key_sizes.push_back(
+          cached.node_key_ends[miss.node_index] -
+          node_key_begin(cached.node_key_ends, miss.node_index));
+    }
+  }
+  return miss;
 }
 
 std::optional<Unsupported> unsupported_mode() {
@@ -201,11 +253,17 @@ py::object compiled_graph_for(BackwardGraph& graph) {
   auto it = cache.by_key.find(graph.key);
   if (it == cache.by_key.end()) {
     classify_custom_functions(graph);
+    CacheMiss miss = explain_cache_miss(graph);
     py::object compiled = python_engine().attr("_capture")(
         describe_nodes(graph),
         graph.num_outputs,
         graph.tensors.size(),
-        explain_cache_miss(graph));
+        miss.reason,
+        py::make_tuple(
+            miss.node_index,
+            miss.node_name,
+            miss.key_size,
+            miss.previous_key_sizes));
     std::vector<std::string> names;
     for (const auto& record : graph.nodes) {
       names.push_back(record.node->name());
