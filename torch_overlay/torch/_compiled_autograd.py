@@ -840,12 +840,12 @@ def _capture(
     return _CompiledBackward(compile_id, compiled, _installation.symbolic_sizes)
 
 
-# While a graph captured with symbolic sizes runs, Dynamo treats its sizes as
-# dynamic from the first compile, so that a new batch size or sequence length
-# does not make it compile again; and it does not equate sizes that merely
-# happen to be equal (a sequence length that equals the head size would
-# otherwise compile again once it changes). One patch object each: a new
-# ConfigPatch allocates a ContextVar, which lives as long as the thread.
+# While Dynamo compiles a graph captured with symbolic sizes, it treats its
+# sizes as dynamic from the first compile, so that a new batch size or
+# sequence length does not make it compile again; and it does not equate
+# sizes that merely happen to be equal (a sequence length that equals the head
+# size would otherwise compile again once it changes). One patch object each:
+# a new ConfigPatch allocates a ContextVar, which lives as long as the thread.
 _SYMBOLIC_SIZES = (
     torch._dynamo.config.patch(assume_static_by_default=False),
     torch.fx.experimental._config.patch(use_duck_shape=False),
@@ -854,7 +854,43 @@ _SYMBOLIC_SIZES = (
 # or activation) that the user marked dynamic for the forward's sake
 # (torch._dynamo.mark_dynamic) would make it raise ConstraintViolationError:
 # the size is specialized, and a change recompiles, as for any other size.
-_STATIC_SIZES = torch._dynamo.config.patch(allow_ignore_mark_dynamic=True)
+_STATIC_SIZES = (torch._dynamo.config.patch(allow_ignore_mark_dynamic=True),)
+
+
+class _ConfigWhileCompiling(threading.local):
+    """Applies a captured graph's Dynamo configuration (``_SYMBOLIC_SIZES`` or
+    ``_STATIC_SIZES``) while Dynamo compiles it -- on its first run, or when a
+    guard fails -- from Dynamo's compile-start callback to its compile-end
+    callback. Dynamo reads that configuration only while compiling, and
+    patching it around every run would cost 10-40 us per backward.
+
+    Per thread: the callbacks run in the thread that compiles, which is the
+    one running the graph (Dynamo compiles one frame at a time)."""
+
+    def __init__(self) -> None:
+        self.running_symbolic: Optional[bool] = None
+        self.entered: list[Any] = []
+
+    def on_compile_start(self, args: Any) -> None:
+        if self.running_symbolic is None:
+            return
+        for patch in _SYMBOLIC_SIZES if self.running_symbolic else _STATIC_SIZES:
+            patch.__enter__()
+            self.entered.append(patch)
+
+    def on_compile_end(self, args: Any) -> None:
+        while self.entered:
+            self.entered.pop().__exit__(None, None, None)
+
+    def register(self) -> None:
+        """(Re-)registers the callbacks: torch._dynamo.reset() drops them."""
+        handler = torch._dynamo.callback_handler
+        if self.on_compile_start not in handler.start_callbacks:
+            handler.register_start_callback(self.on_compile_start)
+            handler.register_end_callback(self.on_compile_end)
+
+
+_CONFIG_WHILE_COMPILING = _ConfigWhileCompiling()
 
 
 class _CompiledBackward:
@@ -880,15 +916,15 @@ class _CompiledBackward:
         self.symbolic_sizes = symbolic_sizes
 
     def __call__(self, inputs: list[torch.Tensor], *other_inputs: list[Any]) -> Any:
+        config = _CONFIG_WHILE_COMPILING
+        config.register()
         _RUNNING.enter(self.frontend)
+        prior_symbolic, config.running_symbolic = config.running_symbolic, self.symbolic_sizes
         try:
             with torch._guards.compile_context(self.compile_context):
-                if not self.symbolic_sizes:
-                    with _STATIC_SIZES:
-                        return self.compiled(inputs, *other_inputs)
-                with _SYMBOLIC_SIZES[0], _SYMBOLIC_SIZES[1]:
-                    return self.compiled(inputs, *other_inputs)
+                return self.compiled(inputs, *other_inputs)
         finally:
+            config.running_symbolic = prior_symbolic
             _RUNNING.exit(self.frontend)
             # Backends that do not steal the list leave it full, and Dynamo
             # keeps the list of its first call as an example value: the
