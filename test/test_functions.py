@@ -486,22 +486,43 @@ def test_gpt2_style_block_with_custom_attention_trains_like_eager(backend):
     assert counters["compiled_autograd"]["captures"] == 1
 
 
-def test_compiled_region_with_backward_state_hook_raises_a_clear_error_and_engine_stays_usable():
-    # Compiled while compiled autograd is on, Dynamo moves the hook into a
-    # BackwardState that only a compiled autograd trace can bind (its backward
-    # fails eagerly too): the engine refuses it with what to do instead.
-    def hooked_region(x):
-        y = x.sin()
-        y.register_hook(lambda grad: grad * 2)
-        return y.sin()
+def hooked_region(x, scale):
+    y = x.sin()
+    shift = y + 1
+    y.register_hook(lambda grad: grad * scale + shift)
+    return y.sin()
+
+
+def test_compiled_region_with_hooks_on_intermediates_runs_them_in_the_graph(compiler):
+    """Compiled while compiled autograd is on, Dynamo moves the hook into a
+    BackwardState that only the captured graph can bind (the region's
+    backward asserts when run as itself): the graph passes it to the
+    region's backward. Compared with the same code run eagerly."""
+    region = torch.compile(hooked_region, backend="aot_eager")
+    scale = torch.tensor(3.0)
+    x = torch.randn(4, requires_grad=True)
+    hooked_region(x, scale).sum().backward()
+    y = x.detach().clone().requires_grad_()
+    record_and_compile, graphs = recording(compiler)
+    with compiled_autograd(record_and_compile):
+        region(y, scale).sum().backward()
+    assert torch.equal(y.grad, x.grad)
+    assert "apply_eagerly" not in graphs[0].code
+
+
+def test_compiled_region_with_hooks_on_intermediates_that_cannot_inline_says_what_to_do():
+    # Saved-tensor hooks make the region's backward run as itself, which a
+    # BackwardState forbids: refused with what to do, and the engine stays usable.
+    region = torch.compile(hooked_region, backend="aot_eager")
 
     def scaled_sin():
         x = torch.randn(4, requires_grad=True)
         ScaledSin.apply(x, 2.0).sum().backward()
         return [x.grad]
 
-    region = torch.compile(hooked_region, backend="aot_eager")
     with compiled_autograd(dynamo_compiler("aot_eager")):
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+            loss = region(torch.ones(4, requires_grad=True), torch.tensor(2.0)).sum()
         with pytest.raises(RuntimeError, match="compiled_autograd_engine = 'legacy'"):
-            region(torch.ones(4, requires_grad=True)).sum().backward()
+            loss.backward()
     check_against_eager(scaled_sin, dynamo_compiler("aot_eager"))

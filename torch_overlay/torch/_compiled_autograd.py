@@ -101,8 +101,11 @@ class BackwardNode:
     saved_layout: tuple[int, ...]
     is_variable_input: tuple[bool, ...]
     num_symints: int
-    # AOT_BACKWARD: the compiled region's backward, as a module to call.
+    # AOT_BACKWARD: the compiled region's backward, as a module to call, and
+    # the Dynamo BackwardState holding the hooks the region registered on its
+    # intermediates (in hooks; -1: none).
     aot_backward: Optional["AOTBackward"]
+    backward_state: int
 
     @staticmethod
     def from_collected(collected: dict[str, Any]) -> "BackwardNode":
@@ -132,9 +135,13 @@ class BackwardNode:
                 None
                 if collected["aot_forward_cls"] is None
                 else AOTBackward.of(
-                    collected["aot_forward_cls"], collected["name"], collected["num_symints"]
+                    collected["aot_forward_cls"],
+                    collected["name"],
+                    collected["num_symints"],
+                    has_backward_state=collected["backward_state"] >= 0,
                 )
             ),
+            backward_state=collected["backward_state"],
         )
 
 
@@ -253,7 +260,10 @@ def _apply(ops: Any, node_idx: int, node: BackwardNode, grads: list[Any], lifted
         else:
             first_size = node.sizes[0]
             symints = [lifted.sizes[first_size + i] for i in range(node.num_symints)]
-            results = ops.call_aot_backward(node.aot_backward, saved, symints, grads)
+            backward_state = [] if node.backward_state < 0 else [hooks[node.backward_state]]
+            results = ops.call_aot_backward(
+                node.aot_backward, saved, symints, grads, *backward_state
+            )
         outputs = ops.function_gradients(results, node.is_variable_input, node.name)
         return ops.validate_outputs(node_idx, outputs, lifted.sizes, node.sizes)
     apply = (
@@ -370,10 +380,12 @@ def call_aot_backward(
     saved_tensors: list[Optional[torch.Tensor]],
     symints: list[Any],
     grads: list[Optional[torch.Tensor]],
+    *backward_state: Any,
 ) -> Sequence[Any]:
     """Runs the backward of a compiled region (in a captured graph, a
-    ``call_module`` of ``aot_backward``)."""
-    return aot_backward(saved_tensors, symints, grads)
+    ``call_module`` of ``aot_backward``), with the region's Dynamo
+    BackwardState if it has one."""
+    return aot_backward(saved_tensors, symints, grads, *backward_state)
 
 
 def function_gradients(
@@ -425,38 +437,51 @@ class AOTBackward(torch.fx.GraphModule):
     _by_region: "weakref.WeakKeyDictionary[type, AOTBackward]" = weakref.WeakKeyDictionary()
     _by_aot_id: "weakref.WeakValueDictionary[int, AOTBackward]" = weakref.WeakValueDictionary()
 
-    def __init__(self, forward_cls: type, name: str, num_symints: int) -> None:
+    def __init__(
+        self, forward_cls: type, name: str, num_symints: int, has_backward_state: bool
+    ) -> None:
         from torch._dynamo.compiled_autograd import extract_bw_module
 
         aot_id = forward_cls._aot_id
         super().__init__(
             torch.nn.Module(),
-            _region_backward_graph(aot_id, extract_bw_module(forward_cls).graph, num_symints),
+            _region_backward_graph(
+                aot_id, extract_bw_module(forward_cls).graph, num_symints, has_backward_state
+            ),
             f"{name}{aot_id}",
         )
         self.aot_id = aot_id
-        self.num_symints = num_symints
+        self.signature = (num_symints, has_backward_state)
         self.prologue = forward_cls._bw_prologue_fn
         AOTBackward._by_aot_id[aot_id] = self
 
     @classmethod
-    def of(cls, forward_cls: type, name: str, num_symints: int) -> "AOTBackward":
+    def of(
+        cls, forward_cls: type, name: str, num_symints: int, has_backward_state: bool
+    ) -> "AOTBackward":
         region = cls._by_region.get(forward_cls)
-        if region is None or region.num_symints != num_symints:
-            region = cls._by_region[forward_cls] = cls(forward_cls, name, num_symints)
+        if region is None or region.signature != (num_symints, has_backward_state):
+            region = cls(forward_cls, name, num_symints, has_backward_state)
+            cls._by_region[forward_cls] = region
         return region
 
 
 def _region_backward_graph(
-    aot_id: int, backward_graph: torch.fx.Graph, num_symints: int
+    aot_id: int, backward_graph: torch.fx.Graph, num_symints: int, has_backward_state: bool
 ) -> torch.fx.Graph:
-    """``(saved_tensors, symints, grads) -> gradients``: the prologue, then the
-    region's backward graph, with aten.view as aten.reshape (the region's
-    forward was compiled with Inductor's view-to-reshape pass, so the
-    gradients it saved may not be viewable the way the graph assumed)."""
+    """``(saved_tensors, symints, grads[, backward_state]) -> gradients``: the
+    prologue, then the region's backward graph, with aten.view as
+    aten.reshape (the region's forward was compiled with Inductor's
+    view-to-reshape pass, so the gradients it saved may not be viewable the
+    way the graph assumed). The backward graph's inputs are the symints, what
+    the prologue prepares, and last the BackwardState, if any."""
     graph = torch.fx.Graph()
     saved_tensors, symints, grads = (
         graph.placeholder(name) for name in ("saved_tensors", "symints", "grads")
+    )
+    inputs = [node for node in backward_graph.nodes if node.op == "placeholder"]
+    backward_state = (
+        graph.placeholder(f"aot{aot_id}_{inputs[-1].name}") if has_backward_state else None
     )
     prepared = graph.create_node(
         "call_function",
@@ -471,6 +496,9 @@ def _region_backward_graph(
             # The symints as given, not as the prologue returned them: under
             # Dynamo those would be new unbacked values.
             position = len(env)
+            if backward_state is not None and position == len(inputs) - 1:
+                env[node] = backward_state
+                continue
             source = symints if position < num_symints else prepared
             env[node] = graph.create_node(
                 "call_function", operator.getitem, (source, position), name=name

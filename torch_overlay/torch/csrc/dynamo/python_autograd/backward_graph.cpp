@@ -198,26 +198,8 @@ THPFunction* python_function_ctx(const Node& fn) {
 // others run as themselves: Functions carrying opaque objects, Functions
 // whose saved tensors have saved-tensor hooks, and backwards of compiled
 // regions that torch._compiled_autograd cannot inline (tensor subclasses,
-// RNG state, ...; see _aot_backward_inlinable). Regions carrying Dynamo
-// backward state cannot run at all.
-bool backward_callable_in_graph(const Node& fn) {
-  THPFunction* ctx = python_function_ctx(fn);
-  if (ctx->compiled_autograd_backward_state != nullptr) {
-    // Dynamo compiled the region with compiled autograd on and moved the
-    // hooks it registers on intermediates into a BackwardState, which only
-    // a compiled autograd trace can bind: its backward asserts otherwise,
-    // eagerly too.
-    throw UnrunnableBackward(
-        "the backward of a torch.compile'd region that registers hooks on "
-        "its intermediate tensors (" +
-        fn.name() +
-        ", compiled while compiled autograd was enabled, so Dynamo put the "
-        "hooks into a BackwardState) cannot run on the python compiled "
-        "autograd engine yet. Set "
-        "torch._dynamo.config.compiled_autograd_engine = 'legacy' before "
-        "compiling the region, or register the hook outside the compiled "
-        "region.");
-  }
+// RNG state, ...; see _aot_backward_inlinable).
+bool callable_in_graph(const Node& fn, THPFunction* ctx) {
   for (const auto& saved : ctx->saved_variables) {
     if (saved.has_hooks()) {
       return false;
@@ -237,6 +219,28 @@ bool backward_callable_in_graph(const Node& fn) {
                                         .attr("_aot_backward_inlinable"))
                                     .release();
   return inlinable(handle.attr("_forward_cls")).cast<bool>();
+}
+
+// A region that Dynamo compiled with compiled autograd on, and that registers
+// hooks on its intermediates, keeps them in a BackwardState that only the
+// graph can bind (its backward asserts when run as itself): it must inline.
+bool backward_callable_in_graph(const Node& fn) {
+  THPFunction* ctx = python_function_ctx(fn);
+  bool callable = callable_in_graph(fn, ctx);
+  if (!callable && ctx->compiled_autograd_backward_state != nullptr) {
+    throw UnrunnableBackward(
+        "the backward of a torch.compile'd region that registers hooks on "
+        "its intermediate tensors (" +
+        fn.name() +
+        ", compiled while compiled autograd was enabled, so Dynamo put the "
+        "hooks into a BackwardState) can only run inlined in the captured "
+        "graph, and this region cannot be (tensor subclasses, RNG state, "
+        "saved-tensor hooks or opaque objects). Set "
+        "torch._dynamo.config.compiled_autograd_engine = 'legacy' before "
+        "compiling the region, or register the hook outside the compiled "
+        "region.");
+  }
+  return callable;
 }
 
 NodeKind kind_of(const Node& fn) {
@@ -400,6 +404,9 @@ class Collector {
     AutogradCompilerCall& call = *record.call;
     const auto& objects = call.pynode_objs.at(record.node.get());
     record.python_ctx = hooks_begin + static_cast<int>(std::get<0>(objects));
+    if (const auto& state = std::get<1>(objects); state.has_value()) {
+      record.backward_state = hooks_begin + static_cast<int>(*state);
+    }
     for (const auto& saved : python_function_ctx(*record.node)->saved_variables) {
       TensorArg* arg = &call.tensor_args.lookup(saved);
       auto it = std::find(

@@ -99,6 +99,9 @@ struct NodeRecord {
   // each of its saved variables the position in tensor_args, or -1 for a
   // saved None.
   int python_ctx = -1;
+  // kAotBackward of a region whose hooks on intermediates Dynamo moved into
+  // a BackwardState: that object (an index into hooks), or -1.
+  int backward_state = -1;
   std::vector<int> saved_layout;
 };
 

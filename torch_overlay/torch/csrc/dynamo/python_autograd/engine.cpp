@@ -226,6 +226,7 @@ py::list describe_nodes(const BackwardGraph& graph) {
     node["post_acc_grad_hooks"] = record.post_acc_grad_hooks;
     node["unpack_hooks"] = record.unpack_hooks;
     node["python_ctx"] = record.python_ctx;
+    node["backward_state"] = record.backward_state;
     node["saved_layout"] = record.saved_layout;
     const THPFunction* ctx = record.python_ctx < 0
         ? nullptr
