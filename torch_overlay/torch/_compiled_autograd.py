@@ -890,7 +890,7 @@ class _ConfigWhileCompiling(threading.local):
     ``_STATIC_SIZES``) while Dynamo compiles it -- on its first run, or when a
     guard fails -- from Dynamo's compile-start callback to its compile-end
     callback. Dynamo reads that configuration only while compiling, and
-    patching it around every run would cost 10-40 us per backward.
+    patching it around every run cost 5-20 us per backward.
 
     Per thread: the callbacks run in the thread that compiles, which is the
     one running the graph (Dynamo compiles one frame at a time)."""
