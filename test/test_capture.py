@@ -96,13 +96,14 @@ class TestCapture(expecttest.TestCase):
 def forward(self, inputs, sizes, scalars, hooks, packed_data):
     getitem = inputs[0]
     getitem_1 = inputs[1];  inputs = None
-    apply_with_saved = torch._compiled_autograd.apply_with_saved(0, [None], [getitem], sizes, (0, 0), scalars, (0, 0));  getitem = None
+    related_sizes = torch._compiled_autograd.related_sizes(sizes, [getitem_1], ((0, 0, 0, 1), (1, 0, 0, 1), (2, 0, 0, 1)));  sizes = None
+    apply_with_saved = torch._compiled_autograd.apply_with_saved(0, [None], [getitem], related_sizes, (0, 0), scalars, (0, 0));  getitem = None
     getitem_2 = apply_with_saved[0];  apply_with_saved = None
-    apply_with_saved_1 = torch._compiled_autograd.apply_with_saved(1, [getitem_2], [], sizes, (0, 2), scalars, (0, 0));  getitem_2 = None
+    apply_with_saved_1 = torch._compiled_autograd.apply_with_saved(1, [getitem_2], [], related_sizes, (0, 2), scalars, (0, 0));  getitem_2 = None
     getitem_3 = apply_with_saved_1[0];  apply_with_saved_1 = None
     getitem_4 = hooks[0];  hooks = None
     call_hook = torch._compiled_autograd.call_hook(getitem_4, getitem_3, hook_type = 'tensor_pre_hook');  getitem_4 = getitem_3 = None
-    apply_with_saved_2 = torch._compiled_autograd.apply_with_saved(2, [call_hook], [getitem_1], sizes, (2, 3), scalars, (0, 0));  call_hook = sizes = scalars = None
+    apply_with_saved_2 = torch._compiled_autograd.apply_with_saved(2, [call_hook], [getitem_1], related_sizes, (2, 3), scalars, (0, 0));  call_hook = related_sizes = scalars = None
     getitem_5 = apply_with_saved_2[0];  apply_with_saved_2 = None
     accumulate_grad = torch._compiled_autograd.accumulate_grad(getitem_1, getitem_5);  getitem_1 = getitem_5 = accumulate_grad = None
     return []""",

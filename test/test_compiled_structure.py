@@ -3,6 +3,8 @@ capture and one Dynamo compile across batch sizes and sequence lengths, and a
 captured graph at most three times the size of the autograd graph. (Speed itself is
 measured by `make bench`, never asserted.)"""
 
+import operator
+
 import torch
 
 from helpers import captures, compiled_autograd
@@ -82,6 +84,79 @@ def test_by_default_new_shapes_do_not_capture_and_dynamo_generalizes_once_per_di
     # Static first compile; automatic dynamic shapes make the batch size
     # symbolic when it first changes, then the sequence length.
     assert compiles == [1, 1, 2, 2, 3, 3]
+
+
+def shape_symbols(value):
+    if not isinstance(value, torch.Tensor):
+        return set()
+    return {
+        symbol
+        for size in value.shape
+        if isinstance(size, torch.SymInt)
+        for symbol in size.node.expr.free_symbols
+    }
+
+
+def is_graph_input(node):
+    """A placeholder, or an element of one (the lifted tensors are a list)."""
+    return node.op == "placeholder" or (
+        node.target is operator.getitem and node.args[0].op == "placeholder"
+    )
+
+
+class ShapeCheckingCompiler(CountingCompiler):
+    """Also records, per Dynamo graph, the size symbols that shapes in it use
+    but no input tensor's dims are: lifted sizes that Dynamo knows no
+    relation of, which Inductor must index with div/mod arithmetic."""
+
+    def __init__(self):
+        super().__init__()
+        self.unrelated_symbols = []
+
+    def backend(self, graph_module, example_inputs):
+        input_symbols, other_symbols = set(), set()
+        for node in graph_module.graph.nodes:
+            symbols = shape_symbols(node.meta.get("example_value"))
+            (input_symbols if is_graph_input(node) else other_symbols).update(symbols)
+        self.unrelated_symbols.append(other_symbols - input_symbols)
+        return super().backend(graph_module, example_inputs)
+
+
+def assert_grads_equal_eager(model, x, compiler):
+    model.zero_grad(set_to_none=True)
+    model(x).sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    with compiled_autograd(compiler):
+        model(x).sum().backward()
+    for e, p in zip(expected, model.parameters()):
+        assert torch.equal(e, p.grad)
+
+
+def test_once_sizes_are_dynamic_shapes_are_expressions_in_the_inputs_dims():
+    torch.manual_seed(0)
+    model = transformer_encoder()
+    compiler = ShapeCheckingCompiler()
+    for batch, seq in [(4, 10), (5, 10), (5, 14)]:
+        assert_grads_equal_eager(model, transformer_input(batch, seq), compiler)
+    assert compiler.dynamo_compiles == 3
+    # The recompiles made the batch size, then the sequence length, dynamic;
+    # the views and expands of the backward still only use the input
+    # tensors' dims.
+    assert compiler.unrelated_symbols == [set(), set(), set()]
+
+
+def test_sizes_equal_by_coincidence_give_eagers_gradients_when_they_part():
+    # The head size is 8 (d_model 32, 4 heads), the sequence length starts at
+    # 8: sizes that are the sequence length also equal dims that are the head
+    # size, until the sequence length changes, and again when it returns.
+    torch.manual_seed(0)
+    model = transformer_encoder()
+    compiler = ShapeCheckingCompiler()
+    for batch, seq in [(4, 8), (5, 8), (5, 12), (5, 8), (4, 8), (6, 16)]:
+        assert_grads_equal_eager(model, transformer_input(batch, seq), compiler)
+    assert captures() == 1
+    assert all(symbols == set() for symbols in compiler.unrelated_symbols)
 
 
 def test_symbolic_and_default_installations_do_not_share_compiled_graphs():

@@ -562,6 +562,35 @@ def _aot_backward_inlinable(forward_cls: type) -> bool:
     )
 
 
+def related_sizes(
+    sizes: list[int],
+    tensors: list[torch.Tensor],
+    related_dims: tuple[tuple[int, int, int, int], ...],
+) -> list[Any]:
+    """The lifted sizes, with what the capture found them to be made known
+    to Dynamo: each of ``related_dims`` -- ``(size index, position in
+    tensors, first dim, end dim)`` -- equalled the product of those dims.
+
+    Outside Dynamo this returns ``sizes``. Under Dynamo, a size that it
+    treats as dynamic is compared with its dims; while they are equal, the
+    guard on that comparison makes the size that expression in the tensors'
+    size symbols, so that Inductor knows a reshape's target is the product
+    of the dims it reshapes. A relation that was a coincidence (a sequence
+    length equal to the head size) fails its guard once the two differ, and
+    Dynamo compiles again without it -- as for two input dims it unified by
+    value (duck shaping)."""
+    if not torch.compiler.is_compiling():
+        return sizes
+    related = list(sizes)
+    for size_index, position, begin, end in related_dims:
+        value = tensors[position].size(begin)
+        for dim in range(begin + 1, end):
+            value = value * tensors[position].size(dim)
+        if related[size_index] == value:
+            related[size_index] = value
+    return related
+
+
 def _span(values: Sequence[Any], span: tuple[int, int]) -> list[Any]:
     begin, end = span
     return list(values[begin:end])
@@ -751,14 +780,20 @@ class _GraphRecorder:
 
 
 def capture(
-    nodes: Sequence[BackwardNode], num_outputs: int, num_tensors: int
+    nodes: Sequence[BackwardNode],
+    num_outputs: int,
+    num_tensors: int,
+    related_dims: Sequence[tuple[int, int, int, int]] = (),
 ) -> torch.fx.GraphModule:
     """Traces :func:`python_autograd` over ``nodes`` into a GraphModule.
 
     The module takes ``(inputs, sizes, scalars, hooks, packed_data)`` --
     the values a backward with this structure lifted (:class:`Lifted`) --
     and returns the gradients ``autograd.grad`` asked for. Its ``meta`` keeps
-    ``backward_nodes`` and ``num_outputs``.
+    ``backward_nodes`` and ``num_outputs``. ``related_dims`` are the
+    sizes found equal to the product of a lifted tensor's dims -- ``(size
+    index, tensor index, first dim, end dim)``; the graph tells Dynamo
+    (:func:`related_sizes`).
     """
     graph = torch.fx.Graph()
     tracer = _AnnotatingTracer(graph)
@@ -766,8 +801,17 @@ def capture(
         torch.fx.Proxy(graph.placeholder(name), tracer)
         for name in ("inputs", "sizes", "scalars", "hooks", "packed_data")
     )
-    lifted = Lifted([inputs[i] for i in range(num_tensors)], sizes, scalars, hooks, packed_data)
+    tensors = [inputs[i] for i in range(num_tensors)]
     recorder = _GraphRecorder(tracer)
+    if related_dims:
+        related_tensors = sorted({tensor for _, tensor, _, _ in related_dims})
+        position = {tensor: i for i, tensor in enumerate(related_tensors)}
+        sizes = recorder.related_sizes(
+            sizes,
+            [tensors[t] for t in related_tensors],
+            tuple((size, position[t], begin, end) for size, t, begin, end in related_dims),
+        )
+    lifted = Lifted(tensors, sizes, scalars, hooks, packed_data)
     outputs = python_autograd(nodes, num_outputs, lifted, ops=recorder)
     graph.output(tracer.create_arg(outputs))
     graph_module = torch.fx.GraphModule(recorder.root, graph, "CompiledAutograd")
@@ -829,13 +873,16 @@ def _capture(
     num_tensors: int,
     reason: str,
     new_node: tuple[int, str, int, list[int]],
+    related_dims: list[tuple[int, int, int, int]],
 ) -> Callable[..., Any]:
     """Called from C++ on a cache miss: captures and compiles a graph.
 
     ``reason`` says how the graph differs from the previous backward's;
     ``new_node`` is the first node no cached graph has after the same nodes
     (index, name, the size of its part of the cache key, and that of the
-    cached graphs at that position), logged in the legacy engine's words."""
+    cached graphs at that position), logged in the legacy engine's words.
+    ``related_dims`` are the sizes found equal to the product of a lifted
+    tensor's dims (:func:`related_sizes`)."""
     from torch._dynamo import compiled_autograd as frontend
 
     assert _installation is not None, "the Python compiled autograd engine is not installed"
@@ -851,7 +898,7 @@ def _capture(
     nodes = [BackwardNode.from_collected(node) for node in collected_nodes]
     counters["compiled_autograd"]["captures"] += 1
     compile_id = next(frontend.COMPILE_COUNTER)
-    graph_module = capture(nodes, num_outputs, num_tensors)
+    graph_module = capture(nodes, num_outputs, num_tensors, related_dims)
     graph_module.meta["capture_reason"] = reason
     for logger, level in ((log, logging.INFO), (verbose_log, logging.DEBUG)):
         logger.log(

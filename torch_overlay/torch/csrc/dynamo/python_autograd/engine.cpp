@@ -14,6 +14,7 @@
 #include <torch/csrc/autograd/python_function.h>
 #include <torch/csrc/dynamo/python_autograd/backward_graph.h>
 #include <torch/csrc/dynamo/python_autograd/node_apply.h>
+#include <torch/csrc/dynamo/python_autograd/size_relations.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <c10/core/impl/TorchDispatchModeTLS.h>
@@ -255,6 +256,18 @@ py::object compiled_graph_for(BackwardGraph& graph) {
   if (it == cache.by_key.end()) {
     classify_custom_functions(graph);
     CacheMiss miss = explain_cache_miss(graph);
+    // With symbolic sizes Dynamo is to compile once for all sizes: it must
+    // not guard on relations that may be coincidences.
+    py::list related_dims;
+    if (!symbolic_sizes) {
+      for (const auto& relation : relate_sizes(graph)) {
+        related_dims.append(py::make_tuple(
+            relation.size_index,
+            relation.tensor_index,
+            relation.dim_begin,
+            relation.dim_end));
+      }
+    }
     py::object compiled = python_engine().attr("_capture")(
         describe_nodes(graph),
         graph.num_outputs,
@@ -264,7 +277,8 @@ py::object compiled_graph_for(BackwardGraph& graph) {
             miss.node_index,
             miss.node_name,
             miss.key_size,
-            miss.previous_key_sizes));
+            miss.previous_key_sizes),
+        related_dims);
     std::vector<std::string> names;
     for (const auto& record : graph.nodes) {
       names.push_back(record.node->name());
