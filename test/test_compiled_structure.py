@@ -39,21 +39,24 @@ class CountingCompiler:
         return torch.compile(captured_graph, backend=self.backend)
 
 
+def assert_grads_equal_eager(model, x, compiler):
+    model.zero_grad(set_to_none=True)
+    model(x).sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    with compiled_autograd(compiler):
+        model(x).sum().backward()
+    for e, p in zip(expected, model.parameters()):
+        assert torch.equal(e, p.grad)
+
+
 def test_symbolic_sizes_new_shapes_neither_capture_nor_compile_again():
     torch._dynamo.config.compiled_autograd_symbolic_sizes = True
     torch.manual_seed(0)
     model = transformer_encoder()
     compiler = CountingCompiler()
     for batch, seq in [(4, 8), (5, 8), (6, 8), (8, 8), (8, 12), (8, 16)]:
-        x = transformer_input(batch, seq)
-        model.zero_grad(set_to_none=True)
-        model(x).sum().backward()
-        expected = [p.grad.clone() for p in model.parameters()]
-        model.zero_grad(set_to_none=True)
-        with compiled_autograd(compiler):
-            model(x).sum().backward()
-        for e, a in zip(expected, (p.grad for p in model.parameters())):
-            assert torch.equal(e, a)
+        assert_grads_equal_eager(model, transformer_input(batch, seq), compiler)
     assert captures() == 1
     assert compiler.dynamo_compiles == 1
 
@@ -120,17 +123,6 @@ class ShapeCheckingCompiler(CountingCompiler):
             (input_symbols if is_graph_input(node) else other_symbols).update(symbols)
         self.unrelated_symbols.append(other_symbols - input_symbols)
         return super().backend(graph_module, example_inputs)
-
-
-def assert_grads_equal_eager(model, x, compiler):
-    model.zero_grad(set_to_none=True)
-    model(x).sum().backward()
-    expected = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad(set_to_none=True)
-    with compiled_autograd(compiler):
-        model(x).sum().backward()
-    for e, p in zip(expected, model.parameters()):
-        assert torch.equal(e, p.grad)
 
 
 def test_once_sizes_are_dynamic_shapes_are_expressions_in_the_inputs_dims():

@@ -571,15 +571,21 @@ def related_sizes(
     to Dynamo: each of ``related_dims`` -- ``(size index, position in
     tensors, first dim, end dim)`` -- equalled the product of those dims.
 
-    Outside Dynamo this returns ``sizes``. Under Dynamo, a size that it
-    treats as dynamic is compared with its dims; while they are equal, the
-    guard on that comparison makes the size that expression in the tensors'
-    size symbols, so that Inductor knows a reshape's target is the product
-    of the dims it reshapes. A relation that was a coincidence (a sequence
-    length equal to the head size) fails its guard once the two differ, and
-    Dynamo compiles again without it -- as for two input dims it unified by
-    value (duck shaping)."""
-    if not torch.compiler.is_compiling():
+    Under Dynamo's default shape handling, sizes are static until one
+    changes and a recompile makes it dynamic; each size that is dynamic then
+    is compared with its dims, and while they are equal the guard on that
+    comparison makes the size that expression in the tensors' size symbols,
+    so that Inductor knows a reshape's target is the product of the dims it
+    reshapes. A relation that was a coincidence (a sequence length equal to
+    the head size) fails its guard once the two differ, and Dynamo compiles
+    again without it -- as for two input dims it unified by value (duck
+    shaping).
+
+    Returns ``sizes`` outside Dynamo, and when Dynamo treats every size as
+    dynamic from the first compile (``dynamic=True``,
+    ``compiled_autograd_symbolic_sizes``): that promises no recompile when
+    sizes change, which guards on coincidences would break."""
+    if not torch.compiler.is_compiling() or not _sizes_static_until_they_change():
         return sizes
     related = list(sizes)
     for size_index, position, begin, end in related_dims:
@@ -589,6 +595,15 @@ def related_sizes(
         if related[size_index] == value:
             related[size_index] = value
     return related
+
+
+@torch._dynamo.assume_constant_result
+def _sizes_static_until_they_change() -> bool:
+    """Whether the Dynamo compile under way specializes sizes first. Read
+    once per compile and not guarded: compiled_autograd_symbolic_sizes sets
+    the option only while Dynamo compiles, so a guard on it would fail on
+    every run."""
+    return torch._dynamo.config.assume_static_by_default
 
 
 def _span(values: Sequence[Any], span: tuple[int, int]) -> list[Any]:

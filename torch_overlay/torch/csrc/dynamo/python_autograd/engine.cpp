@@ -256,17 +256,13 @@ py::object compiled_graph_for(BackwardGraph& graph) {
   if (it == cache.by_key.end()) {
     classify_custom_functions(graph);
     CacheMiss miss = explain_cache_miss(graph);
-    // With symbolic sizes Dynamo is to compile once for all sizes: it must
-    // not guard on relations that may be coincidences.
     py::list related_dims;
-    if (!symbolic_sizes) {
-      for (const auto& relation : relate_sizes(graph)) {
-        related_dims.append(py::make_tuple(
-            relation.size_index,
-            relation.tensor_index,
-            relation.dim_begin,
-            relation.dim_end));
-      }
+    for (const auto& relation : relate_sizes(graph)) {
+      related_dims.append(py::make_tuple(
+          relation.size_index,
+          relation.tensor_index,
+          relation.dim_begin,
+          relation.dim_end));
     }
     py::object compiled = python_engine().attr("_capture")(
         describe_nodes(graph),
