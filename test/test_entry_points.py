@@ -100,3 +100,25 @@ def test_gradient_layout_follows_the_parameter(compiler):
         return [x.grad, torch.tensor(x.grad.stride())]
 
     check_against_eager(fn, compiler)
+
+
+def test_a_new_compiler_fn_compiles_again_only_after_reset():
+    compiled_by = []
+
+    def compiler_named(name):
+        def compiler_fn(gm):
+            compiled_by.append(name)
+            return gm
+
+        return compiler_fn
+
+    x = torch.randn(3, requires_grad=True)
+    for name in ("first", "second", "third"):
+        if name == "third":
+            torch._dynamo.compiled_autograd.reset()
+        x.grad = None
+        with torch._dynamo.compiled_autograd._enable(compiler_named(name)):
+            (x * 2).sum().backward()
+        assert torch.equal(x.grad, torch.full((3,), 2.0))
+
+    assert compiled_by == ["first", "third"]
