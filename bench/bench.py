@@ -13,7 +13,7 @@ lengths). docs/performance.md describes each measurement.
 Writes OUT.json (every raw number) and OUT.md (tables). Never asserts on times.
 
 Usage: python bench/bench.py [--quick] [--backend inductor|aot_eager|eager]
-                             [--models NAME ...] [--reps N] [--out STEM]
+                             [--cpp-wrapper] [--models NAME ...] [--reps N] [--out STEM]
 """
 
 import argparse
@@ -52,7 +52,7 @@ from workloads import FULL, MODELS, QUICK, Inputs, Model, count_autograd_nodes  
 ENGINES = ("eager", "legacy", "python", "python-symbolic")
 COMPILED_ENGINES = ("legacy", "python", "python-symbolic")
 WARMUP_REPS = 3
-AFTER_SHAPES_REPS = 10  # steady-state backwards at the standard shape after the shape sequence
+AFTER_SHAPES_REPS = 20  # rounds of (engine, eager) backwards at the standard shape after the shape sequence
 MODEL_SEED = 0
 INPUT_SEED = 1
 BACKWARD_MARK = "bench_backward"  # profiler range around the measured backward
@@ -111,9 +111,12 @@ class DynamicRun:
     engine: str
     steps: list[DynamicStep] = field(default_factory=list)
     # Steady state at the standard shape once the sequence is over: what the
-    # graph Dynamo compiled for changing sizes costs per backward.
+    # graph Dynamo compiled for changing sizes costs per backward, and eager's
+    # backwards interleaved with it (the ratio's reference).
     after_s: list[float] = field(default_factory=list)
     after_median_s: Optional[float] = None
+    after_eager_s: list[float] = field(default_factory=list)
+    after_eager_median_s: Optional[float] = None
     error: Optional[str] = None
     error_traceback: Optional[str] = None
 
@@ -344,9 +347,12 @@ def run_dynamic_sequence(
             run.steps.append(DynamicStep(batch, seq, seconds, delta["captures"], delta["dynamo_compiles"], delta["eager_fallbacks"]))
     torch.manual_seed(INPUT_SEED)
     inputs = spec.make_inputs(spec.batch, spec.seq)
-    for _ in range(AFTER_SHAPES_REPS):
-        run.after_s.append(timed_backward(forward_loss(model, spec, inputs), run.engine, recorder))
+    timings = {run.engine: run.after_s, "eager": run.after_eager_s}
+    for rep in range(AFTER_SHAPES_REPS):
+        for engine in (run.engine, "eager") if rep % 2 else ("eager", run.engine):
+            timings[engine].append(timed_backward(forward_loss(model, spec, inputs), engine, recorder))
     run.after_median_s = statistics.median(run.after_s)
+    run.after_eager_median_s = statistics.median(run.after_eager_s)
 
 
 class CpuContention:
@@ -565,6 +571,7 @@ def environment(args: argparse.Namespace, command: str) -> dict[str, Any]:
         "source": source_version(),
         "transformers": transformers_version,
         "backend": args.backend,
+        "inductor_cpp_wrapper": args.cpp_wrapper,
         "quick": args.quick,
         "models": args.models,
         "reps_override": args.reps,
@@ -578,6 +585,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help=f"small models only: {', '.join(QUICK)}")
     parser.add_argument("--backend", default="inductor", choices=["inductor", "aot_eager", "eager"],
                         help="torch.compile backend for the captured backward graphs (default: inductor)")
+    parser.add_argument("--cpp-wrapper", action="store_true",
+                        help="Inductor writes the code that calls its kernels in C++ instead of Python "
+                        "(torch._inductor.config.cpp_wrapper), for every engine")
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), metavar="NAME",
                         help=f"models to run (default: {' '.join(FULL)}; with --quick: {' '.join(QUICK)}); "
                         f"choices: {' '.join(sorted(MODELS))}")
@@ -592,6 +602,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         args.out = BENCH / ("results-quick" if args.quick else "results")
     if args.reps is not None and args.reps < 1:
         parser.error("--reps must be at least 1")
+    if args.cpp_wrapper and args.backend != "inductor":
+        parser.error("--cpp-wrapper is an Inductor option: use it with --backend inductor")
     return args
 
 
@@ -608,6 +620,8 @@ def main(argv: Sequence[str]) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.cpp_wrapper:
+        torch._inductor.config.cpp_wrapper = True
     command = " ".join(shlex.quote(a) for a in [os.path.relpath(sys.executable), os.path.relpath(__file__), *argv])
     env = environment(args, command)
     log(f"torch {env['torch']}, backend {args.backend}, models {' '.join(args.models)} -> {args.out}.md/.json")

@@ -121,10 +121,11 @@ def dynamic_table(models: Sequence[dict[str, Any]]) -> list[list[str]]:
         for run in model["dynamic"].values():
             phases = split_dynamic(model, run["steps"])
             after = run.get("after_median_s")
+            after_reference = run.get("after_eager_median_s") or eager_median
             for phase_idx, (label, steps) in enumerate(phases):
                 last = phase_idx == len(phases) - 1
                 after_cells = (
-                    [fmt(ratio(after, eager_median), ".2f", "x"), fmt(after * 1e3, ".3f")]
+                    [fmt(ratio(after, after_reference), ".2f", "x"), fmt(after * 1e3, ".3f")]
                     if last and after is not None
                     else ["", ""]
                 )
@@ -191,7 +192,8 @@ def render_markdown(data: dict[str, Any]) -> str:
         f" {env['load_average_start']:.2f} at the start, {env.get('load_average_end', float('nan')):.2f} at the end",
         f"- torch {env['torch']}, Python {env['python']}, transformers {env['transformers']}",
         *([f"- source: {env['source']}"] if "source" in env else []),
-        f"- compiler_fn: `torch.compile(gm, backend={env['backend']!r})`",
+        f"- compiler_fn: `torch.compile(gm, backend={env['backend']!r})`"
+        + (", with `torch._inductor.config.cpp_wrapper = True`" if env.get("inductor_cpp_wrapper") else ""),
         "",
         "Engines: *eager* (no compiled autograd), *legacy* (upstream's compiled autograd),",
         "*python* (this project's engine, Dynamo's default shape handling: specialized first",
@@ -213,8 +215,9 @@ def render_markdown(data: dict[str, Any]) -> str:
         "first, then (sequence models) sequence lengths. A step's captures/compiles are",
         "those that shape caused; an engine that handles new sizes without work shows 0/0.",
         "*Steady afterwards*: median of the backwards (bench.py's AFTER_SHAPES_REPS) at the standard shape once the",
-        "sequence is over, i.e. on the graph Dynamo compiled for changing sizes (ratio to",
-        "eager's steady-state median in the first table).",
+        "sequence is over, i.e. on the graph Dynamo compiled for changing sizes; its ratio is to",
+        "the median of eager backwards interleaved with them (results from before that was",
+        "measured: to eager's steady-state median in the first table).",
         "",
         table(DYNAMIC_HEADER, dynamic_table(models)),
         "",

@@ -44,6 +44,7 @@ def test_dynamic_sequence_recorded(results: dict) -> None:
     (model,) = results["models"]
     for run in model["dynamic"].values():
         assert run["error"] or [s["batch"] for s in run["steps"]] == [4, 5, 6, 7, 8]
+        assert run["error"] or len(run["after_s"]) == len(run["after_eager_s"]) == bench.AFTER_SHAPES_REPS
 
 
 def test_markdown_has_every_table(results: dict) -> None:
@@ -64,3 +65,9 @@ def test_failure_is_recorded_not_raised(tmp_path: pathlib.Path) -> None:
 def test_autograd_node_count() -> None:
     loss = ElementwiseChain()().sum()
     assert count_autograd_nodes(loss) == 22  # 20 ops, sum, AccumulateGrad
+
+
+def test_cpp_wrapper_needs_inductor() -> None:
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--cpp-wrapper", "--backend", "eager"])
+    assert bench.parse_args(["--cpp-wrapper"]).cpp_wrapper
