@@ -190,6 +190,13 @@ def forward_loss(model: nn.Module, spec: Model, inputs: Inputs) -> Tensor:
     return spec.loss(model, inputs)
 
 
+def rotation(engines: Sequence[str], rep: int) -> list[str]:
+    """The order of round ``rep``: ``engines`` rotated by ``rep``, so that
+    drifting machine noise falls on every engine alike."""
+    shift = rep % len(engines)
+    return [*engines[shift:], *engines[:shift]]
+
+
 def timed_backward(loss: Tensor, engine: str, compiler_fn: Optional[CompilerRecorder]) -> float:
     """Seconds of ``loss.backward()`` alone on ``engine`` (selecting the
     engine happens outside the timed region)."""
@@ -283,8 +290,7 @@ def measure_steady_state(
     engines = list(results)
     failed: set[str] = set()
     for rep in range(reps):
-        shift = rep % len(engines)
-        for engine in engines[shift:] + engines[:shift]:
+        for engine in rotation(engines, rep):
             if engine not in failed and not guarded(
                 results[engine], f"{engine} steady state", steady_backward, results[engine], model, spec, inputs, recorders[engine]
             ):
@@ -347,9 +353,9 @@ def run_dynamic_sequence(
             run.steps.append(DynamicStep(batch, seq, seconds, delta["captures"], delta["dynamo_compiles"], delta["eager_fallbacks"]))
     torch.manual_seed(INPUT_SEED)
     inputs = spec.make_inputs(spec.batch, spec.seq)
-    timings = {run.engine: run.after_s, "eager": run.after_eager_s}
+    timings = {"eager": run.after_eager_s, run.engine: run.after_s}
     for rep in range(AFTER_SHAPES_REPS):
-        for engine in (run.engine, "eager") if rep % 2 else ("eager", run.engine):
+        for engine in rotation(list(timings), rep):
             timings[engine].append(timed_backward(forward_loss(model, spec, inputs), engine, recorder))
     run.after_median_s = statistics.median(run.after_s)
     run.after_eager_median_s = statistics.median(run.after_eager_s)
