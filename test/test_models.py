@@ -42,3 +42,18 @@ def test_mlp_gradients_with_inductor():
         actual = parameter_grads(model, x, dynamo_compiler("inductor"))
         assert_same(expected, actual, exact=False)
     assert captures() == 1
+
+
+def test_transformer_gradients_with_inductor_after_batch_and_sequence_changes():
+    # The recompiles for the new batch size and sequence length generate
+    # kernels that loop over symbolic sizes, whose indices Inductor simplifies
+    # with the bounds of those loops (test_index_simplification.py).
+    make_model, make_input = MODELS["transformer_encoder"]
+    torch.manual_seed(0)
+    model = make_model(layers=1)
+    for batch, seq in [(4, 10), (5, 10), (5, 14), (4, 10)]:
+        x = make_input(batch, seq)
+        expected = parameter_grads(model, x)
+        actual = parameter_grads(model, x, dynamo_compiler("inductor"))
+        assert_same(expected, actual, exact=False)
+    assert captures() == 1
