@@ -30,9 +30,10 @@ run: install
 	@test -f bench/demo.py || { echo "make run: bench/demo.py does not exist yet (it is written with the benchmarks in bench/)" >&2; exit 1; }
 	$(TEST_ENV) $(VENV_PYTHON) bench/demo.py
 
-# The property test of random autograd graphs with 2,000 examples (make test runs 200).
+# The property tests (random autograd graphs, Inductor's index simplification) with
+# 2,000 examples each (make test runs 200).
 fuzz: install
-	PCA_HYPOTHESIS_PROFILE=fuzz $(TEST_ENV) $(VENV_PYTHON) -m pytest test/test_random_graphs.py -q
+	PCA_HYPOTHESIS_PROFILE=fuzz $(TEST_ENV) $(VENV_PYTHON) -m pytest test/test_random_graphs.py test/test_index_simplification.py -q
 
 # Benchmarks (bench/bench.py; method in docs/performance.md). `make bench` takes 30-60 min
 # on 2 cores and writes bench/results.{md,json}; `make bench-quick` a few minutes, writing

@@ -5,8 +5,19 @@ import pathlib
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 from torch._dynamo.utils import counters
 
+
+# Property tests (test_random_graphs.py, test_index_simplification.py): `make test`
+# runs 200 examples each, `make fuzz` 2,000.
+settings.register_profile(
+    "ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "fuzz", max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("PCA_HYPOTHESIS_PROFILE", "ci"))
 
 SHARED = pathlib.Path(
     os.environ.get("PCA_SHARED", pathlib.Path(__file__).resolve().parents[2] / "shared")

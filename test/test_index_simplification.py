@@ -7,25 +7,16 @@ Gradients of the graphs this matters for (Inductor after dynamic recompiles)
 are compared with eager in test_models.py."""
 
 import itertools
-import os
 
 import pytest
 import sympy
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import given, strategies as st
 from torch._dynamo.source import ConstantSource
 from torch._inductor.sizevars import SizeVarAllocator
 from torch._inductor.utils import sympy_index_symbol
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
-
-settings.register_profile(
-    "ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.register_profile(
-    "fuzz", max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.load_profile(os.environ.get("PCA_HYPOTHESIS_PROFILE", "ci"))
 
 X0, X1, X2 = (sympy_index_symbol(f"x{i}") for i in range(3))
 

@@ -7,17 +7,9 @@ give eager's gradients and hook calls, bit for bit.
 import os
 
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from helpers import COMPILERS, compiled_autograd
-
-settings.register_profile(
-    "ci", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.register_profile(
-    "fuzz", max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.load_profile(os.environ.get("PCA_HYPOTHESIS_PROFILE", "ci"))
 
 SHAPE = (3, 4)
 
