@@ -21,14 +21,18 @@ from torch.utils._sympy.functions import FloorDiv, ModularIndexing
 X0, X1, X2 = (sympy_index_symbol(f"x{i}") for i in range(3))
 
 
-@pytest.fixture
-def sizevars():
+def simplifier_with_two_sizes():
     """Inductor's simplifier over a shape env with two size symbols, each
     known to be at least 2, as Dynamo's are."""
     env = ShapeEnv()
     s0 = env.create_symbol(8, source=ConstantSource("s0"))
     s1 = env.create_symbol(6, source=ConstantSource("s1"))
     return SizeVarAllocator(env), s0, s1
+
+
+@pytest.fixture
+def sizevars():
+    return simplifier_with_two_sizes()
 
 
 def in_projection_gradient_index(seq):
@@ -146,10 +150,9 @@ def evaluate(expr, values):
 
 @given(indices())
 def test_a_simplified_index_addresses_the_same_element_everywhere(example):
-    env = ShapeEnv()
-    s0 = env.create_symbol(8, source=ConstantSource("s0"))
-    s1 = env.create_symbol(6, source=ConstantSource("s1"))
-    simplifier = SizeVarAllocator(env)
+    # A fresh shape env per example: hypothesis reruns examples, and a
+    # function-scoped fixture would be shared between them.
+    simplifier, s0, s1 = simplifier_with_two_sizes()
     index, loop_sizes = build(*example, s0, s1)
     simplified = simplifier.simplify_with_ranges(index, loop_sizes)
     for s0_value, s1_value in [(2, 2), (2, 3), (3, 2), (5, 3)]:
