@@ -32,27 +32,23 @@ def test_model_gradients_equal_eager(model_name, compiler_name):
     assert captures() == 1
 
 
-def test_mlp_gradients_with_inductor():
-    make_model, make_input = MODELS["mlp"]
+@pytest.mark.parametrize(
+    "model_name, model_kwargs, shapes",
+    [
+        ("mlp", {}, [(4,), (6,)]),
+        # The recompiles for the new batch size and sequence length generate
+        # kernels that loop over symbolic sizes, whose indices Inductor
+        # simplifies with the bounds of those loops
+        # (test_index_simplification.py).
+        ("transformer_encoder", {"layers": 1}, [(4, 10), (5, 10), (5, 14), (4, 10)]),
+    ],
+)
+def test_gradients_with_inductor_across_shapes(model_name, model_kwargs, shapes):
+    make_model, make_input = MODELS[model_name]
     torch.manual_seed(0)
-    model = make_model()
-    for batch in (4, 6):
-        x = make_input(batch)
-        expected = parameter_grads(model, x)
-        actual = parameter_grads(model, x, dynamo_compiler("inductor"))
-        assert_same(expected, actual, exact=False)
-    assert captures() == 1
-
-
-def test_transformer_gradients_with_inductor_after_batch_and_sequence_changes():
-    # The recompiles for the new batch size and sequence length generate
-    # kernels that loop over symbolic sizes, whose indices Inductor simplifies
-    # with the bounds of those loops (test_index_simplification.py).
-    make_model, make_input = MODELS["transformer_encoder"]
-    torch.manual_seed(0)
-    model = make_model(layers=1)
-    for batch, seq in [(4, 10), (5, 10), (5, 14), (4, 10)]:
-        x = make_input(batch, seq)
+    model = make_model(**model_kwargs)
+    for shape in shapes:
+        x = make_input(*shape)
         expected = parameter_grads(model, x)
         actual = parameter_grads(model, x, dynamo_compiler("inductor"))
         assert_same(expected, actual, exact=False)
