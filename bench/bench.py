@@ -40,7 +40,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
-from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 BENCH = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
@@ -48,6 +48,7 @@ sys.path.insert(0, str(BENCH))
 from engines import CaptureTimer, CompilerRecorder, backward_engine  # noqa: E402
 import report  # noqa: E402
 from workloads import FULL, MODELS, QUICK, Inputs, Model, count_autograd_nodes  # noqa: E402
+from helpers import backward_memory  # noqa: E402  (test/ is on sys.path through workloads)
 
 ENGINES = ("eager", "legacy", "python", "python-symbolic")
 COMPILED_ENGINES = ("legacy", "python", "python-symbolic")
@@ -55,7 +56,6 @@ WARMUP_REPS = 3
 AFTER_SHAPES_REPS = 20  # rounds of (engine, eager) backwards at the standard shape after the shape sequence
 MODEL_SEED = 0
 INPUT_SEED = 1
-BACKWARD_MARK = "bench_backward"  # profiler range around the measured backward
 
 
 def log(message: str) -> None:
@@ -307,29 +307,12 @@ def measure_steady_state(
 def measure_backward_memory(
     result: EngineResult, model: nn.Module, spec: Model, inputs: Inputs, recorder: Optional[CompilerRecorder]
 ) -> None:
-    """Peak of bytes allocated during one (warm) backward, from the profiler's
-    memory events: forward and backward run under the profiler (so frees of
-    the forward's saved tensors are seen); the running sum of allocations
-    minus frees, taken relative to its value when the backward starts, peaks
-    at ``peak_bytes`` inside the backward and ends at ``end_bytes``."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        loss = forward_loss(model, spec, inputs)
-        with backward_engine(result.engine, compiler_fn=recorder), record_function(BACKWARD_MARK):
-            loss.backward()
-    events = list(prof.profiler.kineto_results.events())
-    window = next(e for e in events if e.name() == BACKWARD_MARK)
-    start, end = window.start_ns(), window.start_ns() + window.duration_ns()
-    memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
-    level = baseline = peak = 0
-    for when, nbytes in memory:
-        if when < start:
-            level += nbytes
-            baseline = peak = level
-        elif when <= end:
-            level += nbytes
-            peak = max(peak, level)
-    result.peak_bytes = peak - baseline
-    result.end_bytes = level - baseline
+    """Peak of bytes allocated during one (warm) backward above the level at
+    its start (``peak_bytes``), and the net change at its end (``end_bytes``),
+    from the profiler's memory events: test/helpers.py ``backward_memory``."""
+    result.peak_bytes, result.end_bytes = backward_memory(
+        lambda: forward_loss(model, spec, inputs), backward_engine(result.engine, compiler_fn=recorder)
+    )
 
 
 def run_dynamic_sequence(

@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 import torch
 from torch._dynamo.utils import counters
+from torch.profiler import ProfilerActivity, profile, record_function
 
 
 def identity_compiler(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -37,6 +38,34 @@ def captures() -> int:
 
 def eager_fallbacks() -> int:
     return counters["compiled_autograd"]["eager_fallbacks"]
+
+
+def backward_memory(
+    forward: Callable[[], torch.Tensor], backward_context: contextlib.AbstractContextManager
+) -> tuple[int, int]:
+    """Bytes the backward of ``forward()``'s loss, run inside
+    ``backward_context``, allocated beyond what existed when it started: the
+    peak inside it and the net change at its end, from the profiler's memory
+    events. The forward runs under the profiler too, so that the frees of its
+    saved tensors count against their allocations."""
+    mark = "measured_backward"
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        loss = forward()
+        with backward_context, record_function(mark):
+            loss.backward()
+    events = list(prof.profiler.kineto_results.events())
+    window = next(e for e in events if e.name() == mark)
+    start, end = window.start_ns(), window.start_ns() + window.duration_ns()
+    memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    level = baseline = peak = 0
+    for when, nbytes in memory:
+        if when < start:
+            level += nbytes
+            baseline = peak = level
+        elif when <= end:
+            level += nbytes
+            peak = max(peak, level)
+    return peak - baseline, level - baseline
 
 
 def run_eager_and_compiled(

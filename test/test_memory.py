@@ -9,9 +9,8 @@ import weakref
 import pytest
 import torch
 from torch._inductor.utils import run_and_get_code
-from torch.profiler import ProfilerActivity, profile, record_function
 
-from helpers import COMPILERS, assert_same, compiled_autograd, dynamo_compiler
+from helpers import COMPILERS, assert_same, backward_memory, compiled_autograd, dynamo_compiler
 from models import convnet, convnet_input
 
 
@@ -85,27 +84,6 @@ def test_inductor_frees_an_input_no_kernel_reads_before_the_first_kernel():
     assert "del arg1_1" in [line.strip() for line in body[:first_kernel]]
 
 
-def backward_peak_bytes(forward, engine_context):
-    """The most memory the backward allocated beyond what existed when it
-    started, from the profiler's memory events (as `make bench` measures:
-    the forward runs under the profiler too, so that the frees of its saved
-    tensors count against their allocations)."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        loss = forward()
-        with engine_context, record_function("backward"):
-            loss.backward()
-    events = list(prof.profiler.kineto_results.events())
-    window = next(e for e in events if e.name() == "backward")
-    level = baseline = peak = 0
-    for when, nbytes in sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"):
-        level += nbytes
-        if when < window.start_ns():
-            baseline = peak = level
-        elif when <= window.start_ns() + window.duration_ns():
-            peak = max(peak, level)
-    return peak - baseline
-
-
 def test_convnet_backward_with_inductor_peaks_within_a_tenth_of_eager():
     """The convnet's max pool saves the ReLU's output, which its compiled
     backward never reads: it must not stay allocated for the whole graph."""
@@ -121,7 +99,7 @@ def test_convnet_backward_with_inductor_peaks_within_a_tenth_of_eager():
         forward().backward()
     grads, peaks = {}, {}
     for engine, context in (("eager", contextlib.nullcontext), ("compiled", lambda: compiled_autograd(inductor))):
-        peaks[engine] = backward_peak_bytes(forward, context())
+        peaks[engine], _ = backward_memory(forward, context())
         grads[engine] = [p.grad for p in model.parameters()]
     assert_same(grads["eager"], grads["compiled"], exact=False)
     assert peaks["compiled"] <= 1.1 * peaks["eager"], peaks
