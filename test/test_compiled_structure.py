@@ -174,3 +174,34 @@ def test_forward_inputs_marked_dynamic_compile_under_both_size_modes():
                 torch._dynamo.mark_dynamic(x, 0)
                 region(x).sum().backward()
                 torch.testing.assert_close(x.grad, (x.sin().cos() * x.cos()).detach())
+
+
+class InductorCountingCompiler(CountingCompiler):
+    """torch.compile with Inductor that counts Dynamo's graph compiles."""
+
+    def backend(self, graph_module, example_inputs):
+        from torch._inductor.compile_fx import compile_fx
+
+        self.dynamo_compiles += 1
+        return compile_fx(graph_module, example_inputs)
+
+
+def test_inductor_sums_across_its_chunk_size_share_one_compile():
+    # Inductor's C++ kernels sum more than 4,096 float elements in chunks,
+    # for precision. The weight's gradient sums batch * 1024 elements: 4,096
+    # at batch 4, 5,120 at batch 5. Choosing the chunked sum must not guard
+    # on the symbolic batch size (patches/0006). Small integers make every
+    # summation order exact, so the gradients must equal eager's bit for bit.
+    torch._dynamo.config.compiled_autograd_symbolic_sizes = True
+    torch.manual_seed(0)
+    weight = torch.randn(16, requires_grad=True)
+    compiler = InductorCountingCompiler()
+    for batch in (4, 5, 6):
+        x = torch.randint(0, 3, (batch, 1024, 16)).float()
+        (expected,) = torch.autograd.grad((x * weight).sum(), weight)
+        weight.grad = None
+        with compiled_autograd(compiler):
+            (x * weight).sum().backward()
+        assert torch.equal(weight.grad, expected)
+    assert captures() == 1
+    assert compiler.dynamo_compiles == 1
