@@ -4,8 +4,11 @@ captured graph at most three times the size of the autograd graph. (Speed itself
 measured by `make bench`, never asserted.)"""
 
 import operator
+from unittest import mock
 
 import torch
+from torch._inductor.graph import GraphLowering
+from torch._inductor.utils import fresh_cache
 
 from helpers import captures, compiled_autograd
 from models import transformer_encoder, transformer_input
@@ -205,3 +208,25 @@ def test_inductor_sums_across_its_chunk_size_share_one_compile():
         assert torch.equal(weight.grad, expected)
     assert captures() == 1
     assert compiler.dynamo_compiles == 1
+
+
+def test_captured_graphs_leave_input_checks_to_dynamos_guards():
+    # Inductor asserts each input's size and stride every time its code runs
+    # (~0.5 us per input and backward); for captured graphs Dynamo's guards
+    # check the same (patches/0007). A saved activation with other strides
+    # must fail a guard and compile again, with eager's gradients.
+    weight = torch.randn(4, 4, requires_grad=True)
+    compiler = InductorCountingCompiler()
+    for x in (torch.randn(4, 4), torch.randn(4, 4).t()):
+        activation = x.sin()  # the multiplication saves it, with x's strides
+        (expected,) = torch.autograd.grad((activation * weight).sum(), weight)
+        weight.grad = None
+        codes = []
+        # run_and_get_code would reset Dynamo, which disables compiled autograd
+        with mock.patch.object(GraphLowering, "save_output_code", codes.append):
+            with compiled_autograd(compiler), fresh_cache():
+                (activation * weight).sum().backward()
+        assert torch.equal(weight.grad, expected)
+        assert codes and not any("assert_size_stride(" in code for code in codes)
+    assert captures() == 1
+    assert compiler.dynamo_compiles == 2

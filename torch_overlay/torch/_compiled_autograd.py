@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
 import torch
+import torch._inductor.config
 import torch.fx
 from torch import _compiled_autograd_C as _C
 from torch._dynamo.utils import counters, set_locals_to_steal
@@ -936,15 +937,24 @@ def _capture(
 # sizes that merely happen to be equal (a sequence length that equals the head
 # size would otherwise compile again once it changes). One patch object each:
 # a new ConfigPatch allocates a ContextVar, which lives as long as the thread.
+# Inductor asserts each graph input's size and stride when its code runs,
+# about 0.5 us per input on every backward (patches/0007). Dynamo's guards
+# check the same sizes and strides before that code can run, and recompile
+# when they differ.
+_GUARDED_INPUTS = torch._inductor.config.patch(graph_input_size_asserts=False)
 _SYMBOLIC_SIZES = (
     torch._dynamo.config.patch(assume_static_by_default=False),
     torch.fx.experimental._config.patch(use_duck_shape=False),
+    _GUARDED_INPUTS,
 )
 # Otherwise Dynamo specializes the sizes, and a lifted tensor (a forward input
 # or activation) that the user marked dynamic for the forward's sake
 # (torch._dynamo.mark_dynamic) would make it raise ConstraintViolationError:
 # the size is specialized, and a change recompiles, as for any other size.
-_STATIC_SIZES = (torch._dynamo.config.patch(allow_ignore_mark_dynamic=True),)
+_STATIC_SIZES = (
+    torch._dynamo.config.patch(allow_ignore_mark_dynamic=True),
+    _GUARDED_INPUTS,
+)
 
 
 class _ConfigWhileCompiling(threading.local):
