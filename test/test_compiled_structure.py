@@ -223,9 +223,12 @@ def test_captured_graphs_leave_input_checks_to_dynamos_guards():
         weight.grad = None
         codes = []
         # run_and_get_code would reset Dynamo, which disables compiled autograd
-        with mock.patch.object(GraphLowering, "save_output_code", codes.append):
-            with compiled_autograd(compiler), fresh_cache():
-                (activation * weight).sum().backward()
+        with (
+            mock.patch.object(GraphLowering, "save_output_code", codes.append),
+            compiled_autograd(compiler),
+            fresh_cache(),
+        ):
+            (activation * weight).sum().backward()
         assert torch.equal(weight.grad, expected)
         assert codes and not any("assert_size_stride(" in code for code in codes)
     assert captures() == 1

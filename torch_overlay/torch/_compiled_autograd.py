@@ -931,17 +931,17 @@ def _capture(
     return _CompiledBackward(compile_id, compiled, _installation.symbolic_sizes)
 
 
+# Inductor asserts each graph input's size and stride when its code runs,
+# about 0.5 us per input on every backward (patches/0007). Dynamo's guards
+# check the same sizes and strides before that code can run, and recompile
+# when they differ. Both size modes below apply it.
+_GUARDED_INPUTS = torch._inductor.config.patch(graph_input_size_asserts=False)
 # While Dynamo compiles a graph captured with symbolic sizes, it treats its
 # sizes as dynamic from the first compile, so that a new batch size or
 # sequence length does not make it compile again; and it does not equate
 # sizes that merely happen to be equal (a sequence length that equals the head
 # size would otherwise compile again once it changes). One patch object each:
 # a new ConfigPatch allocates a ContextVar, which lives as long as the thread.
-# Inductor asserts each graph input's size and stride when its code runs,
-# about 0.5 us per input on every backward (patches/0007). Dynamo's guards
-# check the same sizes and strides before that code can run, and recompile
-# when they differ.
-_GUARDED_INPUTS = torch._inductor.config.patch(graph_input_size_asserts=False)
 _SYMBOLIC_SIZES = (
     torch._dynamo.config.patch(assume_static_by_default=False),
     torch.fx.experimental._config.patch(use_duck_shape=False),
