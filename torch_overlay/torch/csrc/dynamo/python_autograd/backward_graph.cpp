@@ -257,6 +257,81 @@ NodeKind kind_of(const Node& fn) {
   return NodeKind::kApplyWithSaved;
 }
 
+// TensorArgs keeps its maps private: the one from a node's SavedVariables to
+// their TensorArgs is the only list of a node's SavedVariables there is, and
+// emptying a call for reuse must clear them all. Explicit instantiation of a
+// template may name private members, which gives access to them without
+// changing the type. member(Tag{}) is a pointer to the member Tag names.
+template <typename Tag, typename Tag::type Member>
+struct PrivateMember {
+  friend typename Tag::type member(Tag) {
+    return Member;
+  }
+};
+using torch::dynamo::autograd::TensorArgs;
+using ArgsByImplMap = std::unordered_map<const c10::TensorImpl*, TensorArg>;
+using SavedVariableArgs =
+    std::unordered_map<const torch::autograd::SavedVariable*, TensorArg*>;
+#define PCA_PRIVATE_MEMBER(TAG, TYPE, NAME)          \
+  struct TAG {                                       \
+    using type = TYPE TensorArgs::*;                 \
+    friend type member(TAG);                         \
+  };                                                 \
+  template struct PrivateMember<TAG, &TensorArgs::NAME>
+PCA_PRIVATE_MEMBER(ArgsByImpl, ArgsByImplMap, _args);
+PCA_PRIVATE_MEMBER(ArgsBySavedVariable, SavedVariableArgs, _saved_variables);
+PCA_PRIVATE_MEMBER(
+    ProxyArgsBySavedVariable,
+    SavedVariableArgs,
+    _saved_variables_proxies);
+PCA_PRIVATE_MEMBER(UndefinedArg, TensorArg, _undefined);
+PCA_PRIVATE_MEMBER(NextArgId, uint32_t, _next_id);
+#undef PCA_PRIVATE_MEMBER
+
+SavedVariableArgs& saved_variable_args(TensorArgs& args) {
+  return args.*member(ArgsBySavedVariable{});
+}
+
+// Leaves `call` as a newly constructed one would be, capacity aside.
+void empty_call(AutogradCompilerCall& call) {
+  call.active_node_call_idx = std::nullopt;
+  TensorArgs& tensor_args = call.tensor_args;
+  tensor_args.inputs.clear();
+  tensor_args.input_origins.clear();
+  (tensor_args.*member(ArgsByImpl{})).clear();
+  (tensor_args.*member(ArgsBySavedVariable{})).clear();
+  (tensor_args.*member(ProxyArgsBySavedVariable{})).clear();
+  tensor_args.*member(UndefinedArg{}) = TensorArg();
+  tensor_args.*member(NextArgId{}) = 1;
+  call.all_size_inputs.clear();
+  call.lifted_ivalue_args.args.clear();
+  call.lifted_ivalue_args.next = 0;
+  call.lifted_ivalue_args.args_origins.clear();
+  call.dyn_size_inputs.clear();
+  call.hooks.clear();
+  call.cpp_tensor_pre_hooks.clear();
+  call.packed_inputs.clear();
+  call.node_calls.clear();
+  call.size_input_origins.clear();
+  call.sv_to_hooks.clear();
+  call.pynode_objs.clear();
+}
+
+// Enough emptied calls for the largest graphs' nodes; beyond it they are
+// freed, so that one huge backward does not hold its calls for good.
+constexpr size_t kMaxPooledCalls = 4096;
+thread_local std::vector<std::unique_ptr<AutogradCompilerCall>> call_pool;
+
+std::unique_ptr<AutogradCompilerCall, RecycleCall> pooled_call() {
+  if (call_pool.empty()) {
+    return std::unique_ptr<AutogradCompilerCall, RecycleCall>(
+        new AutogradCompilerCall(SizeInput::DYNAMIC));
+  }
+  AutogradCompilerCall* call = call_pool.back().release();
+  call_pool.pop_back();
+  return std::unique_ptr<AutogradCompilerCall, RecycleCall>(call);
+}
+
 class Collector {
  public:
   Collector(const GraphTask& task, size_t num_outputs) : task_(task) {
@@ -281,7 +356,7 @@ class Collector {
     record.node = c10::intrusive_ptr<Node>::reclaim_copy(fn);
     record.kind = kind_of(*fn);
     record.needed = is_needed(task_, fn);
-    record.call = std::make_unique<AutogradCompilerCall>(SizeInput::DYNAMIC);
+    record.call = pooled_call();
     AutogradCompilerCall& call = *record.call;
     record.node_call = &call.node_calls.lookup(record.node);
     if (!task_.exec_info_.empty()) {
@@ -453,25 +528,19 @@ class Collector {
   std::unordered_map<const c10::TensorImpl*, uint32_t> tensor_ids_;
 };
 
-// TensorArgs keeps the map from a node's SavedVariables to their TensorArgs
-// private; it is the only list of a node's SavedVariables there is. Explicit
-// instantiation of a template may name private members, which gives read
-// access without changing the type.
-using SavedVariableArgs =
-    std::unordered_map<const torch::autograd::SavedVariable*, TensorArg*>;
-SavedVariableArgs& saved_variable_args(
-    torch::dynamo::autograd::TensorArgs& args);
-template <SavedVariableArgs torch::dynamo::autograd::TensorArgs::*Member>
-struct SavedVariableArgsAccess {
-  friend SavedVariableArgs& saved_variable_args(
-      torch::dynamo::autograd::TensorArgs& args) {
-    return args.*Member;
-  }
-};
-template struct SavedVariableArgsAccess<
-    &torch::dynamo::autograd::TensorArgs::_saved_variables>;
-
 } // namespace
+
+void RecycleCall::operator()(AutogradCompilerCall* call) const noexcept {
+  std::unique_ptr<AutogradCompilerCall> owned(call);
+  if (call_pool.size() < kMaxPooledCalls) {
+    empty_call(*call);
+    try {
+      call_pool.push_back(std::move(owned));
+    } catch (const std::bad_alloc&) {
+      // Not pooled: `owned` still holds the call and frees it.
+    }
+  }
+}
 
 void detach_saved_values(BackwardGraph& graph, bool keep_graph) {
   for (auto& record : graph.nodes) {

@@ -58,11 +58,19 @@ struct TensorPreHook {
   int input_nr;
 };
 
+// Hands a node's AutogradCompilerCall back, emptied, to a per-thread pool
+// that the next backward's collection takes calls from. Most of what a call
+// costs is allocating its maps and vectors; an emptied call keeps their
+// capacity.
+struct RecycleCall {
+  void operator()(AutogradCompilerCall* call) const noexcept;
+};
+
 struct NodeRecord {
   c10::intrusive_ptr<Node> node;
   // Owns what compiled_args collected for this node alone; kept alive until
   // the backward ends because SwapSavedVariables looks saved values up in it.
-  std::unique_ptr<AutogradCompilerCall> call;
+  std::unique_ptr<AutogradCompilerCall, RecycleCall> call;
   NodeCall* node_call = nullptr; // lives inside call->node_calls
   NodeKind kind = NodeKind::kApplyWithSaved;
   // false: the node only captures a gradient for autograd.grad (exec_info).
