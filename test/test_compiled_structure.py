@@ -6,7 +6,9 @@ measured by `make bench`, never asserted.)"""
 import operator
 from unittest import mock
 
+import pytest
 import torch
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._inductor.graph import GraphLowering
 from torch._inductor.utils import fresh_cache
 
@@ -210,7 +212,13 @@ def test_inductor_sums_across_its_chunk_size_share_one_compile():
     assert compiler.dynamo_compiles == 1
 
 
-def test_captured_graphs_leave_input_checks_to_dynamos_guards():
+@pytest.fixture(params=[False, True], ids=["specialized_sizes", "symbolic_sizes"])
+def size_mode(request):
+    torch._dynamo.config.compiled_autograd_symbolic_sizes = request.param
+    return request.param
+
+
+def test_captured_graphs_leave_input_checks_to_dynamos_guards(size_mode):
     # Inductor asserts each input's size and stride every time its code runs
     # (~0.5 us per input and backward); for captured graphs Dynamo's guards
     # check the same (patches/0007). A saved activation with other strides
@@ -233,3 +241,29 @@ def test_captured_graphs_leave_input_checks_to_dynamos_guards():
         assert codes and not any("assert_size_stride(" in code for code in codes)
     assert captures() == 1
     assert compiler.dynamo_compiles == 2
+
+
+def pregraph_ranges(compiled_function):
+    """Whether Dynamo's code for the function calls the profiler-range
+    functions around the unpacking of its inputs."""
+    codes = [entry.code for entry in _debug_get_cache_entry_list(compiled_function.__code__)]
+    assert codes
+    return ["record_pregraph_bytecode_enter" in code.co_names for code in codes]
+
+
+def test_captured_graphs_unpack_their_inputs_without_profiler_ranges(size_mode):
+    # Each range call goes through a disable wrapper on every backward, profiler
+    # on or off. Only the captured graphs lose them, not the user's frames.
+    x = torch.randn(8, requires_grad=True)
+    (expected,) = torch.autograd.grad(x.sin().mul(x).sum(), x)
+    compiler = CountingCompiler()
+    with compiled_autograd(compiler):
+        x.sin().mul(x).sum().backward()
+    assert torch.equal(x.grad, expected)
+    assert pregraph_ranges(compiler.captured[0].forward) == [False]
+
+    def user_function(t):
+        return t.sin() + 1
+
+    torch.compile(user_function, backend="eager")(torch.randn(8))
+    assert pregraph_ranges(user_function) == [True]
