@@ -931,18 +931,21 @@ def _capture(
     return _CompiledBackward(compile_id, compiled, _installation.symbolic_sizes)
 
 
-# Inductor asserts each graph input's size and stride when its code runs,
-# about 0.5 us per input on every backward (patches/0007). Dynamo's guards
-# check the same sizes and strides before that code can run, and recompile
-# when they differ. Both size modes below apply it.
-_GUARDED_INPUTS = torch._inductor.config.patch(graph_input_size_asserts=False)
-# Dynamo's code for a frame brackets the unpacking of its inputs with two
-# profiler-range calls (record_pregraph_bytecode_enter/exit), each behind a
-# disable wrapper that swaps the eval-frame callback four times: a cost on every
-# backward, profiler on or off. Upstream's compiled autograd tests turn them
-# off as well. With the profiler on, captured graphs then show no "Pregraph
-# bytecode" range.
-_NO_PREGRAPH_RANGES = torch._dynamo.config.patch(record_runtime_overhead=False)
+# What both size modes below apply, for a cheaper run of the compiled graph:
+# - Inductor asserts each graph input's size and stride when its code runs,
+#   about 0.5 us per input on every backward (patches/0007). Dynamo's guards
+#   check the same sizes and strides before that code can run, and recompile
+#   when they differ.
+# - Dynamo's code for a frame brackets the unpacking of its inputs with two
+#   profiler-range calls (record_pregraph_bytecode_enter/exit), each behind a
+#   disable wrapper that swaps the eval-frame callback four times: a cost on
+#   every backward, profiler on or off. Upstream's compiled autograd tests turn
+#   them off as well. With the profiler on, captured graphs then show no
+#   "Pregraph bytecode" range.
+_CHEAPER_RUNS = (
+    torch._inductor.config.patch(graph_input_size_asserts=False),
+    torch._dynamo.config.patch(record_runtime_overhead=False),
+)
 # While Dynamo compiles a graph captured with symbolic sizes, it treats its
 # sizes as dynamic from the first compile, so that a new batch size or
 # sequence length does not make it compile again; and it does not equate
@@ -952,8 +955,7 @@ _NO_PREGRAPH_RANGES = torch._dynamo.config.patch(record_runtime_overhead=False)
 _SYMBOLIC_SIZES = (
     torch._dynamo.config.patch(assume_static_by_default=False),
     torch.fx.experimental._config.patch(use_duck_shape=False),
-    _GUARDED_INPUTS,
-    _NO_PREGRAPH_RANGES,
+    *_CHEAPER_RUNS,
 )
 # Otherwise Dynamo specializes the sizes, and a lifted tensor (a forward input
 # or activation) that the user marked dynamic for the forward's sake
@@ -961,8 +963,7 @@ _SYMBOLIC_SIZES = (
 # the size is specialized, and a change recompiles, as for any other size.
 _STATIC_SIZES = (
     torch._dynamo.config.patch(allow_ignore_mark_dynamic=True),
-    _GUARDED_INPUTS,
-    _NO_PREGRAPH_RANGES,
+    *_CHEAPER_RUNS,
 )
 
 
