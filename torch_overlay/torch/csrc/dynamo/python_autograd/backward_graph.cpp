@@ -322,14 +322,13 @@ void empty_call(AutogradCompilerCall& call) {
 constexpr size_t kMaxPooledCalls = 4096;
 thread_local std::vector<std::unique_ptr<AutogradCompilerCall>> call_pool;
 
-std::unique_ptr<AutogradCompilerCall, RecycleCall> pooled_call() {
+PooledCall pooled_call() {
   if (call_pool.empty()) {
-    return std::unique_ptr<AutogradCompilerCall, RecycleCall>(
-        new AutogradCompilerCall(SizeInput::DYNAMIC));
+    return PooledCall(new AutogradCompilerCall(SizeInput::DYNAMIC));
   }
-  AutogradCompilerCall* call = call_pool.back().release();
+  PooledCall call(call_pool.back().release());
   call_pool.pop_back();
-  return std::unique_ptr<AutogradCompilerCall, RecycleCall>(call);
+  return call;
 }
 
 class Collector {

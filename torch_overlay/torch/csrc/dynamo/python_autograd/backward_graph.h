@@ -65,12 +65,13 @@ struct TensorPreHook {
 struct RecycleCall {
   void operator()(AutogradCompilerCall* call) const noexcept;
 };
+using PooledCall = std::unique_ptr<AutogradCompilerCall, RecycleCall>;
 
 struct NodeRecord {
   c10::intrusive_ptr<Node> node;
   // Owns what compiled_args collected for this node alone; kept alive until
   // the backward ends because SwapSavedVariables looks saved values up in it.
-  std::unique_ptr<AutogradCompilerCall, RecycleCall> call;
+  PooledCall call;
   NodeCall* node_call = nullptr; // lives inside call->node_calls
   NodeKind kind = NodeKind::kApplyWithSaved;
   // false: the node only captures a gradient for autograd.grad (exec_info).
