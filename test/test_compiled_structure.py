@@ -267,3 +267,40 @@ def test_captured_graphs_unpack_their_inputs_without_profiler_ranges(size_mode):
 
     torch.compile(user_function, backend="eager")(torch.randn(8))
     assert pregraph_ranges(user_function) == [True]
+
+
+def embedding_backward_code(tokens, embedding, scale):
+    """Inductor's code for the captured backward of an embedding lookup, after
+    checking that the gradient equals eager's bit for bit."""
+    (expected,) = torch.autograd.grad((embedding(tokens) * scale).sum(), embedding.weight)
+    embedding.weight.grad = None
+    codes = []
+    with (
+        mock.patch.object(GraphLowering, "save_output_code", codes.append),
+        compiled_autograd(InductorCountingCompiler()),
+        fresh_cache(),
+    ):
+        (embedding(tokens) * scale).sum().backward()
+    assert torch.equal(embedding.weight.grad, expected)
+    assert codes
+    return "\n".join(codes)
+
+
+def test_inductor_leaves_cpu_embedding_backwards_to_atens_kernel(size_mode):
+    # Inductor's decomposition into atomic adds ran 4-90x slower on CPU than
+    # ATen's kernel where indices repeat, as a position embedding's do
+    # (patches/0008). Running ATen's kernel also gives eager's gradient exactly.
+    torch.manual_seed(0)
+    embedding, scale = torch.nn.Embedding(8, 16), torch.randn(16)
+    code = embedding_backward_code(torch.randint(0, 8, (4, 32)), embedding, scale)
+    assert "aten.embedding_dense_backward" in code
+    assert "atomic_add" not in code
+
+
+def test_inductor_decomposes_cpu_embedding_backwards_when_told_to():
+    embedding = torch.nn.Embedding(8, 16)
+    tokens = torch.zeros(4, 32, dtype=torch.long)  # one row: exact sums of equal terms
+    with torch._inductor.config.patch({"cpp.fallback_embedding_dense_backward": False}):
+        code = embedding_backward_code(tokens, embedding, torch.ones(16))
+    assert "aten.embedding_dense_backward" not in code
+    assert "atomic_add" in code
