@@ -304,3 +304,19 @@ def test_inductor_decomposes_cpu_embedding_backwards_when_told_to():
         code = embedding_backward_code(tokens, embedding, torch.ones(16))
     assert "aten.embedding_dense_backward" not in code
     assert "atomic_add" in code
+
+
+def test_atens_embedding_backward_keeps_padding_and_frequency_scaling_as_batches_change(size_mode):
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(8, 16, padding_idx=0, scale_grad_by_freq=True)
+    scale = torch.randn(16)
+    compiler = InductorCountingCompiler()
+    for batch in (4, 6):
+        tokens = torch.randint(0, 8, (batch, 32))
+        (expected,) = torch.autograd.grad((embedding(tokens) * scale).sum(), embedding.weight)
+        embedding.weight.grad = None
+        with compiled_autograd(compiler):
+            (embedding(tokens) * scale).sum().backward()
+        assert torch.equal(embedding.weight.grad, expected)
+    assert not embedding.weight.grad[0].any()
+    assert captures() == 1
