@@ -269,19 +269,20 @@ def test_captured_graphs_unpack_their_inputs_without_profiler_ranges(size_mode):
     assert pregraph_ranges(user_function) == [True]
 
 
+def assert_embedding_gradient_is_eagers(tokens, embedding, scale, compiler):
+    (expected,) = torch.autograd.grad((embedding(tokens) * scale).sum(), embedding.weight)
+    embedding.weight.grad = None
+    with compiled_autograd(compiler):
+        (embedding(tokens) * scale).sum().backward()
+    assert torch.equal(embedding.weight.grad, expected)
+
+
 def embedding_backward_code(tokens, embedding, scale):
     """Inductor's code for the captured backward of an embedding lookup, after
     checking that the gradient equals eager's bit for bit."""
-    (expected,) = torch.autograd.grad((embedding(tokens) * scale).sum(), embedding.weight)
-    embedding.weight.grad = None
     codes = []
-    with (
-        mock.patch.object(GraphLowering, "save_output_code", codes.append),
-        compiled_autograd(InductorCountingCompiler()),
-        fresh_cache(),
-    ):
-        (embedding(tokens) * scale).sum().backward()
-    assert torch.equal(embedding.weight.grad, expected)
+    with mock.patch.object(GraphLowering, "save_output_code", codes.append), fresh_cache():
+        assert_embedding_gradient_is_eagers(tokens, embedding, scale, InductorCountingCompiler())
     assert codes
     return "\n".join(codes)
 
@@ -312,11 +313,6 @@ def test_atens_embedding_backward_keeps_padding_and_frequency_scaling_as_batches
     scale = torch.randn(16)
     compiler = InductorCountingCompiler()
     for batch in (4, 6):
-        tokens = torch.randint(0, 8, (batch, 32))
-        (expected,) = torch.autograd.grad((embedding(tokens) * scale).sum(), embedding.weight)
-        embedding.weight.grad = None
-        with compiled_autograd(compiler):
-            (embedding(tokens) * scale).sum().backward()
-        assert torch.equal(embedding.weight.grad, expected)
+        assert_embedding_gradient_is_eagers(torch.randint(0, 8, (batch, 32)), embedding, scale, compiler)
     assert not embedding.weight.grad[0].any()
     assert captures() == 1
