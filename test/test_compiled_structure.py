@@ -3,6 +3,7 @@ capture and one Dynamo compile across batch sizes and sequence lengths, and a
 captured graph at most three times the size of the autograd graph. (Speed itself is
 measured by `make bench`, never asserted.)"""
 
+import contextlib
 import operator
 from unittest import mock
 
@@ -212,6 +213,16 @@ def test_inductor_sums_across_its_chunk_size_share_one_compile():
     assert compiler.dynamo_compiles == 1
 
 
+@contextlib.contextmanager
+def inductor_code():
+    """Collects the code Inductor generates inside the block, from fresh
+    caches. (run_and_get_code would reset Dynamo, which disables compiled
+    autograd.)"""
+    codes = []
+    with mock.patch.object(GraphLowering, "save_output_code", codes.append), fresh_cache():
+        yield codes
+
+
 @pytest.fixture(params=[False, True], ids=["specialized_sizes", "symbolic_sizes"])
 def size_mode(request):
     torch._dynamo.config.compiled_autograd_symbolic_sizes = request.param
@@ -229,13 +240,7 @@ def test_captured_graphs_leave_input_checks_to_dynamos_guards(size_mode):
         activation = x.sin()  # the multiplication saves it, with x's strides
         (expected,) = torch.autograd.grad((activation * weight).sum(), weight)
         weight.grad = None
-        codes = []
-        # run_and_get_code would reset Dynamo, which disables compiled autograd
-        with (
-            mock.patch.object(GraphLowering, "save_output_code", codes.append),
-            compiled_autograd(compiler),
-            fresh_cache(),
-        ):
+        with inductor_code() as codes, compiled_autograd(compiler):
             (activation * weight).sum().backward()
         assert torch.equal(weight.grad, expected)
         assert codes and not any("assert_size_stride(" in code for code in codes)
@@ -280,8 +285,7 @@ def assert_embedding_gradient_is_eagers(tokens, embedding, scale, compiler):
 def embedding_backward_code(tokens, embedding, scale):
     """Inductor's code for the captured backward of an embedding lookup, after
     checking that the gradient equals eager's bit for bit."""
-    codes = []
-    with mock.patch.object(GraphLowering, "save_output_code", codes.append), fresh_cache():
+    with inductor_code() as codes:
         assert_embedding_gradient_is_eagers(tokens, embedding, scale, InductorCountingCompiler())
     assert codes
     return "\n".join(codes)
