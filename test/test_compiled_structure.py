@@ -4,7 +4,12 @@ captured graph at most three times the size of the autograd graph. (Speed itself
 measured by `make bench`, never asserted.)"""
 
 import contextlib
+import json
 import operator
+import os
+import pathlib
+import subprocess
+import sys
 from unittest import mock
 
 import pytest
@@ -155,6 +160,59 @@ def test_sizes_equal_by_coincidence_give_eagers_gradients_when_they_part():
         assert_grads_equal_eager(model, transformer_input(batch, seq), compiler)
     assert captures() == 1
     assert all(symbols == set() for symbols in compiler.unrelated_symbols)
+
+
+# A program that trains test/models.py's mlp over changing batch sizes,
+# compiling its backward with profile-guided dynamic shapes on: Dynamo saves
+# which inputs of each compiled frame turned out dynamic and a restarted
+# program compiles them dynamic from its first compile. Prints the Dynamo
+# compiles per batch size; every gradient is checked against eager's.
+RESTARTED_PROGRAM = """
+import json, sys
+import torch
+from torch._dynamo.utils import counters
+sys.path.insert(0, {test_dir!r})
+from models import mlp, mlp_input
+
+torch.compiler.config.job_id = "python-compiled-autograd-test"
+torch.manual_seed(0)
+model = mlp()
+compiles = []
+for batch in (8, 4, 5, 6, 7, 8):
+    x = mlp_input(batch)
+    model.zero_grad(set_to_none=True)
+    model(x).square().mean().backward()
+    eager = [p.grad for p in model.parameters()]
+    before = counters["stats"]["unique_graphs"]
+    model.zero_grad(set_to_none=True)
+    with torch._dynamo.compiled_autograd._enable(
+        lambda gm: torch.compile(gm, backend="eager")
+    ):
+        model(x).square().mean().backward()
+    compiles.append(counters["stats"]["unique_graphs"] - before)
+    for param, expected in zip(model.parameters(), eager):
+        torch.testing.assert_close(param.grad, expected)
+print(json.dumps(compiles))
+"""
+
+
+def test_a_restarted_program_compiles_once_over_batch_sizes_it_saw_change(tmp_path):
+    # The mean's backward lifts the output's element count, batch x 4, which
+    # at batch 8 equals the hidden width, 32: related to the hidden width by
+    # value, it would turn static again in the restarted program, whose next
+    # batch size would then compile once more.
+    program = RESTARTED_PROGRAM.format(test_dir=str(pathlib.Path(__file__).parent))
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    runs = [
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-c", program], env=env, check=True,
+                capture_output=True, text=True,
+            ).stdout
+        )
+        for _ in range(2)
+    ]
+    assert runs == [[1, 1, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0]]
 
 
 def test_symbolic_and_default_installations_do_not_share_compiled_graphs():

@@ -580,7 +580,10 @@ def related_sizes(
     reshapes. A relation that was a coincidence (a sequence length equal to
     the head size) fails its guard once the two differ, and Dynamo compiles
     again without it -- as for two input dims it unified by value (duck
-    shaping).
+    shaping). A relation between a dynamic size and static dims, or the
+    reverse, can only be such a coincidence, and it would make the dynamic
+    side static; the compile leaves those out
+    (:meth:`_CompiledBackward.applicable_relations`).
 
     Returns ``sizes`` outside Dynamo, and when Dynamo treats every size as
     dynamic from the first compile (``dynamic=True``,
@@ -588,8 +591,11 @@ def related_sizes(
     sizes change, which guards on coincidences would break."""
     if not torch.compiler.is_compiling() or not _sizes_static_until_they_change():
         return sizes
+    applicable = _applicable_relations()
     related = list(sizes)
-    for size_index, position, begin, end in related_dims:
+    for index, (size_index, position, begin, end) in enumerate(related_dims):
+        if applicable is not None and not applicable[index]:
+            continue
         value = tensors[position].size(begin)
         for dim in range(begin + 1, end):
             value = value * tensors[position].size(dim)
@@ -605,6 +611,20 @@ def _sizes_static_until_they_change() -> bool:
     the option only while Dynamo compiles, so a guard on it would fail on
     every run."""
     return torch._dynamo.config.assume_static_by_default
+
+
+@torch._dynamo.assume_constant_result
+def _applicable_relations() -> Optional[tuple[bool, ...]]:
+    """Which of the graph's size relations the Dynamo compile under way
+    applies (:meth:`_CompiledBackward.applicable_relations`), or None for
+    all of them. Decided once per compile, while Dynamo traces the graph's
+    first frame (its inputs are all there until that frame runs), and not
+    guarded, as above."""
+    running = _CONFIG_WHILE_COMPILING.running
+    if running is None:
+        return None
+    graph, inputs, sizes = running
+    return graph.applicable_relations(inputs, sizes)
 
 
 def _span(values: Sequence[Any], span: tuple[int, int]) -> list[Any]:
@@ -928,7 +948,9 @@ def _capture(
         )
     with frontend.make_compile_context(compile_id):
         compiled = _installation.compiler_fn(graph_module)
-    return _CompiledBackward(compile_id, compiled, _installation.symbolic_sizes)
+    return _CompiledBackward(
+        compile_id, compiled, _installation.symbolic_sizes, graph_module, related_dims
+    )
 
 
 # What both size modes below apply, for a cheaper run of the compiled graph:
@@ -975,16 +997,20 @@ class _ConfigWhileCompiling(threading.local):
     patching it around every run cost 5-20 us per backward.
 
     Per thread: the callbacks run in the thread that compiles, which is the
-    one running the graph (Dynamo compiles one frame at a time)."""
+    one running the graph (Dynamo compiles one frame at a time). The graph
+    running in the thread, with its inputs and sizes, is also what
+    :func:`_applicable_relations` decides from."""
 
     def __init__(self) -> None:
-        self.running_symbolic: Optional[bool] = None
+        # The graph running in this thread, with its inputs and sizes.
+        self.running: Optional[tuple[_CompiledBackward, list[Any], list[Any]]] = None
         self.entered: list[Any] = []
 
     def on_compile_start(self, args: Any) -> None:
-        if self.running_symbolic is None:
+        if self.running is None:
             return
-        for patch in _SYMBOLIC_SIZES if self.running_symbolic else _STATIC_SIZES:
+        symbolic_sizes = self.running[0].symbolic_sizes
+        for patch in _SYMBOLIC_SIZES if symbolic_sizes else _STATIC_SIZES:
             patch.__enter__()
             self.entered.append(patch)
 
@@ -1013,7 +1039,12 @@ class _CompiledBackward:
     engine (never installed while this one runs)."""
 
     def __init__(
-        self, compile_id: int, compiled: Callable[..., Any], symbolic_sizes: bool
+        self,
+        compile_id: int,
+        compiled: Callable[..., Any],
+        symbolic_sizes: bool,
+        graph_module: torch.fx.GraphModule,
+        related_dims: Sequence[tuple[int, int, int, int]],
     ) -> None:
         from torch._dynamo import compiled_autograd as frontend
         from torch._guards import CompileContext, CompileId
@@ -1024,17 +1055,74 @@ class _CompiledBackward:
         )
         self.compiled = compiled
         self.symbolic_sizes = symbolic_sizes
+        # Weak: whatever `compiled` Dynamo compiles holds the module itself.
+        self.graph_module = weakref.ref(graph_module)
+        self.related_dims = tuple(related_dims)
+
+    def applicable_relations(
+        self, inputs: Sequence[Any], sizes: Sequence[Any]
+    ) -> Optional[tuple[bool, ...]]:
+        """For each of ``related_dims``, whether the Dynamo compile about to
+        start applies it: only where the size and the dims it was found equal
+        to will both be dynamic, or both static.
+
+        Dynamo makes an input dynamic when its automatic-dynamic state for
+        the graph's frame says so -- because a compile before, in this
+        process or, with ``torch.compiler.config.job_id`` set, in an earlier
+        run of the program (profile-guided), saw it change -- or when it
+        differs from the value that state recorded. A relation between a
+        dynamic and a static side holds by coincidence at this shape only,
+        and applying it would guard the dynamic side to a constant: in a
+        restarted program whose first compile is dynamic from the profile,
+        the next shape would compile again. Inside Dynamo's trace a dynamic
+        size looks like an int, so this is decided here, before it traces."""
+        from torch._dynamo.pgo import auto_dynamic, auto_unset, CodeId, get_code_state
+
+        graph_module = self.graph_module()
+        if graph_module is None or not self.related_dims:
+            return None
+        state = get_code_state().get(CodeId.make(graph_module.forward.__code__))
+        if state is None:
+            return None
+        seen = state.automatic_dynamic
+
+        def changes(recorded: Any, value: int) -> bool:
+            return recorded is auto_dynamic or (
+                recorded is not auto_unset and recorded != value
+            )
+
+        def size_is_dynamic(index: int) -> bool:
+            entry = seen.get(f"L['sizes'][{index}]")
+            return entry is not None and changes(entry.scalar, sizes[index])
+
+        def dims_are_dynamic(tensor_index: int, begin: int, end: int) -> bool:
+            entry = seen.get(f"L['inputs'][{tensor_index}]")
+            tensor = inputs[tensor_index]
+            if entry is None or not isinstance(tensor, torch.Tensor):
+                return False
+            if entry.size is auto_dynamic or (
+                entry.size is not auto_unset and len(entry.size) != tensor.dim()
+            ):
+                return True
+            if entry.size is auto_unset:
+                return False
+            return any(changes(entry.size[d], tensor.size(d)) for d in range(begin, end))
+
+        return tuple(
+            size_is_dynamic(size_index) == dims_are_dynamic(tensor_index, begin, end)
+            for size_index, tensor_index, begin, end in self.related_dims
+        )
 
     def __call__(self, inputs: list[torch.Tensor], *other_inputs: list[Any]) -> Any:
         config = _CONFIG_WHILE_COMPILING
         config.register()
         _RUNNING.enter(self.frontend)
-        prior_symbolic, config.running_symbolic = config.running_symbolic, self.symbolic_sizes
+        prior_running, config.running = config.running, (self, inputs, other_inputs[0])
         try:
             with torch._guards.compile_context(self.compile_context):
                 return self.compiled(inputs, *other_inputs)
         finally:
-            config.running_symbolic = prior_symbolic
+            config.running = prior_running
             _RUNNING.exit(self.frontend)
             # Backends that do not steal the list leave it full, and Dynamo
             # keeps the list of its first call as an example value: the
