@@ -378,3 +378,28 @@ def test_atens_embedding_backward_keeps_padding_and_frequency_scaling_as_batches
         assert_embedding_gradient_is_eagers(torch.randint(0, 8, (batch, 32)), embedding, scale, compiler)
     assert not embedding.weight.grad[0].any()
     assert captures() == 1
+
+
+def test_a_cached_inductor_graph_whose_guards_name_a_size_it_does_not_take_is_a_miss(
+    monkeypatch,
+):
+    # patches/0009. A restarted program with gpt2's compiled backward found, in
+    # Inductor's FX graph cache, a graph whose inputs are 8 SymInts and whose
+    # guards relate one of them to the dims of a lifted tensor it does not
+    # take (`L['t3'] == L['inputs'][146].size()[1]*L['inputs'][78].size()[0]`,
+    # from related_sizes): evaluating them raised KeyError: 'inputs' and the
+    # backward failed. Such an entry cannot be checked, so it is not reused.
+    from torch._inductor.codecache import FxGraphCache
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    candidate = mock.Mock(guards_expr="L['t0'] == 2*L['inputs'][3].size()[0]")
+    monkeypatch.setattr(
+        FxGraphCache,
+        "iterate_over_candidates",
+        classmethod(lambda cls, local, remote_cache, key: iter([(candidate, b"", True)])),
+    )
+    graph, _, info = FxGraphCache.find_guarded_entry(
+        "key", True, None, ShapeEnv().evaluate_guards_expression, [8]
+    )
+    assert graph is None
+    assert info["cache_status_detailed"] == "guard_miss"
