@@ -1098,14 +1098,10 @@ class _CompiledBackward:
         def dims_are_dynamic(tensor_index: int, begin: int, end: int) -> bool:
             entry = seen.get(f"L['inputs'][{tensor_index}]")
             tensor = inputs[tensor_index]
-            if entry is None or not isinstance(tensor, torch.Tensor):
+            if entry is None or not isinstance(tensor, torch.Tensor) or entry.size is auto_unset:
                 return False
-            if entry.size is auto_dynamic or (
-                entry.size is not auto_unset and len(entry.size) != tensor.dim()
-            ):
+            if entry.size is auto_dynamic or len(entry.size) != tensor.dim():
                 return True
-            if entry.size is auto_unset:
-                return False
             return any(changes(entry.size[d], tensor.size(d)) for d in range(begin, end))
 
         return tuple(
