@@ -28,10 +28,12 @@ upstream engine instead (torch/_dynamo/compiled_autograd.py).
 
 import dataclasses
 import enum
+import inspect
 import logging
 import operator
 import sys
 import threading
+import types
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -41,6 +43,7 @@ import torch
 import torch._inductor.config
 import torch.fx
 from torch import _compiled_autograd_C as _C
+from torch._dynamo import eval_frame as _dynamo_eval_frame
 from torch._dynamo.utils import counters, set_locals_to_steal
 from torch._logging import getArtifactLogger, LazyString
 
@@ -1029,6 +1032,122 @@ class _ConfigWhileCompiling(threading.local):
 _CONFIG_WHILE_COMPILING = _ConfigWhileCompiling()
 
 
+class _DynamoCacheHit:
+    """Runs a graph compiled by ``torch.compile`` straight from Dynamo's cache
+    for the graph's frame, as Dynamo itself does on a cache hit, without going
+    through the compiled module's call path.
+
+    Calling an ``OptimizedModule`` passes through ``nn.Module.__call__``
+    twice, ``torch.compile``'s wrapper (stance, hooks, dispatch-key and
+    functorch state saved and restored) and Dynamo's frame-evaluation
+    callback before Dynamo checks its cache entries' guards on the frame's
+    locals and runs the matching entry's code: 20-60 us per backward, on
+    graphs whose whole backward takes 100-700 us. Here the same guards are
+    checked on the same locals, and the matching entry's code runs as a
+    function. Only where Dynamo's own call would do nothing more on a hit:
+
+    - the module is ``torch.compile`` of the captured graph itself, with no
+      backend context to enter and its cache entries in Dynamo's shared
+      bucket (not ``isolate_recompiles``);
+    - the default stance with no forced backend, no profiler (which records
+      Dynamo's ranges), no global ``nn.Module`` hooks (which would fire on
+      the module call);
+    - the entry's code has no graph break: its resume functions must run
+      through Dynamo's frame evaluation to find their own compiled code.
+
+    Everything else -- a guard failure, which makes Dynamo compile again, and
+    the cases above -- goes through the module call (``run`` returns
+    ``MISS``). Example::
+
+        >>> import torch
+        >>> graph = torch.fx.symbolic_trace(lambda x: x * 2)
+        >>> compiled = torch.compile(graph, backend="eager")
+        >>> _ = compiled(torch.ones(2))  # compiles
+        >>> hit = _DynamoCacheHit.of(compiled, graph)
+        >>> hit.run(graph, torch.ones(2))
+        tensor([2., 2.])
+        >>> hit.run(graph, torch.ones(3)) is _DynamoCacheHit.MISS  # a guard fails
+        True
+    """
+
+    MISS = object()
+
+    @classmethod
+    def of(cls, compiled: Any, graph_module: torch.fx.GraphModule) -> Optional["_DynamoCacheHit"]:
+        from torch._dynamo.eval_frame import innermost_backend, OptimizedModule
+
+        if type(compiled) is not OptimizedModule or compiled._orig_mod is not graph_module:
+            return None
+        context = compiled.dynamo_ctx
+        if context._isolate_recompiles_id != -1 or any(
+            hook.__name__ == "call_backend_ctx" for hook in context.enter_exit_hooks
+        ):
+            return None
+        function = graph_module.forward.__func__
+        code = function.__code__
+        if code.co_freevars or code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS):
+            return None
+        return cls(function, innermost_backend(context.callback))
+
+    def __init__(self, function: types.FunctionType, backend: Any) -> None:
+        self.code = function.__code__
+        self.globals = function.__globals__
+        self.parameters = self.code.co_varnames[: self.code.co_argcount]
+        self.backend = backend
+        # id(entry code) -> the code, and a function running it or None for
+        # code with graph breaks. Keyed by id: hashing a code object hashes
+        # its bytecode and constants, on every lookup.
+        self.functions: dict[int, tuple[types.CodeType, Optional[types.FunctionType]]] = {}
+
+    def run(self, *args: Any) -> Any:
+        """Runs the compiled graph on ``args`` (the graph's ``forward``
+        arguments, ``self`` first) if a cache entry's guards pass, else
+        returns ``MISS``."""
+        stance = _dynamo_eval_frame._stance
+        if (
+            stance.stance != "default"
+            or stance.backend is not None
+            or torch.autograd._profiler_enabled()
+            or torch.nn.modules.module._has_any_global_hook()
+        ):
+            return self.MISS
+        frame_locals = dict(zip(self.parameters, args))
+        for entry in _dynamo_eval_frame._debug_get_cache_entry_list(self.code):
+            if (
+                entry.backend is not self.backend
+                or entry.isolate_recompiles_id != -1
+                or not entry.guard_manager.root.check(frame_locals)
+            ):
+                continue
+            function = self.function_running(entry.code)
+            if function is None:
+                return self.MISS
+            # The code runs as Dynamo runs it on a hit: nested frames (the
+            # compiled function is itself behind a disable wrapper) are not
+            # Dynamo's to compile, whichever callback the caller had set.
+            prior = _dynamo_eval_frame.set_eval_frame(None)
+            try:
+                return function(*args)
+            finally:
+                _dynamo_eval_frame.set_eval_frame(prior)
+        return self.MISS
+
+    def function_running(self, code: types.CodeType) -> Optional[types.FunctionType]:
+        known = self.functions.get(id(code))
+        if known is None or known[0] is not code:
+            if len(self.functions) >= _MAX_CACHED_ENTRY_FUNCTIONS:
+                self.functions.clear()  # entries dropped by torch._dynamo.reset()
+            has_graph_break = any(name.startswith("__resume_at") for name in code.co_names)
+            known = (code, None if has_graph_break else types.FunctionType(code, self.globals))
+            self.functions[id(code)] = known
+        return known[1]
+
+
+# Dynamo keeps at most recompile_limit (8) entries per frame; more codes than
+# this were left by resets.
+_MAX_CACHED_ENTRY_FUNCTIONS = 32
+
+
 class _CompiledBackward:
     """A compiled graph, run the way the legacy engine runs its graphs: with
     compiled autograd disabled (backwards inside hooks run eagerly) and
@@ -1058,6 +1177,7 @@ class _CompiledBackward:
         # Weak: whatever `compiled` Dynamo compiles holds the module itself.
         self.graph_module = weakref.ref(graph_module)
         self.related_dims = tuple(related_dims)
+        self.cache_hit = _DynamoCacheHit.of(compiled, graph_module)
 
     def applicable_relations(
         self, inputs: Sequence[Any], sizes: Sequence[Any]
@@ -1116,6 +1236,11 @@ class _CompiledBackward:
         prior_running, config.running = config.running, (self, inputs, other_inputs[0])
         try:
             with torch._guards.compile_context(self.compile_context):
+                if self.cache_hit is not None:
+                    graph_module = self.graph_module()
+                    result = self.cache_hit.run(graph_module, inputs, *other_inputs)
+                    if result is not _DynamoCacheHit.MISS:
+                        return result
                 return self.compiled(inputs, *other_inputs)
         finally:
             config.running = prior_running
