@@ -1230,25 +1230,34 @@ class _CompiledBackward:
         )
 
     def __call__(self, inputs: list[torch.Tensor], *other_inputs: list[Any]) -> Any:
-        config = _CONFIG_WHILE_COMPILING
-        config.register()
         _RUNNING.enter(self.frontend)
-        prior_running, config.running = config.running, (self, inputs, other_inputs[0])
         try:
-            with torch._guards.compile_context(self.compile_context):
-                if self.cache_hit is not None:
-                    graph_module = self.graph_module()
-                    result = self.cache_hit.run(graph_module, inputs, *other_inputs)
-                    if result is not _DynamoCacheHit.MISS:
-                        return result
-                return self.compiled(inputs, *other_inputs)
+            if self.cache_hit is not None:
+                result = self.cache_hit.run(self.graph_module(), inputs, *other_inputs)
+                if result is not _DynamoCacheHit.MISS:
+                    return result
+            return self.call_compiled(inputs, other_inputs)
         finally:
-            config.running = prior_running
             _RUNNING.exit(self.frontend)
             # Backends that do not steal the list leave it full, and Dynamo
             # keeps the list of its first call as an example value: the
             # lifted tensors must not outlive the backward.
             inputs.clear()
+
+    def call_compiled(self, inputs: list[torch.Tensor], other_inputs: tuple[list[Any], ...]) -> Any:
+        """Calls what ``compiler_fn`` returned, with what Dynamo reads if
+        that call compiles: the graph's configuration and size relations
+        (``_CONFIG_WHILE_COMPILING``) and its compile id. A cache hit in
+        :class:`_DynamoCacheHit` compiles nothing and needs neither, as
+        Dynamo's own hits run without a compile context."""
+        config = _CONFIG_WHILE_COMPILING
+        config.register()
+        prior_running, config.running = config.running, (self, inputs, other_inputs[0])
+        try:
+            with torch._guards.compile_context(self.compile_context):
+                return self.compiled(inputs, *other_inputs)
+        finally:
+            config.running = prior_running
 
 
 class _RunningGraphs:
