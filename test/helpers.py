@@ -26,6 +26,23 @@ COMPILERS = {
 }
 
 
+class CountingCompiler:
+    """torch.compile(backend="eager") that counts Dynamo's graph compiles and
+    keeps the captured graphs it is given."""
+
+    def __init__(self):
+        self.captured = []
+        self.dynamo_compiles = 0
+
+    def backend(self, graph_module, example_inputs):
+        self.dynamo_compiles += 1
+        return graph_module.forward
+
+    def __call__(self, captured_graph):
+        self.captured.append(captured_graph)
+        return torch.compile(captured_graph, backend=self.backend)
+
+
 @contextlib.contextmanager
 def compiled_autograd(compiler: Callable[..., Any] = identity_compiler):
     with torch._dynamo.compiled_autograd.enable(compiler):

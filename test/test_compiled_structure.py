@@ -18,7 +18,7 @@ from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._inductor.graph import GraphLowering
 from torch._inductor.utils import fresh_cache
 
-from helpers import captures, compiled_autograd
+from helpers import captures, compiled_autograd, CountingCompiler
 from models import transformer_encoder, transformer_input
 
 
@@ -31,23 +31,6 @@ def autograd_node_count(tensor):
         seen.add(fn)
         stack.extend(next_fn for next_fn, _ in fn.next_functions)
     return len(seen)
-
-
-class CountingCompiler:
-    """torch.compile(backend="eager") that counts Dynamo's graph compiles and
-    keeps the captured graphs it is given."""
-
-    def __init__(self):
-        self.captured = []
-        self.dynamo_compiles = 0
-
-    def backend(self, graph_module, example_inputs):
-        self.dynamo_compiles += 1
-        return graph_module.forward
-
-    def __call__(self, captured_graph):
-        self.captured.append(captured_graph)
-        return torch.compile(captured_graph, backend=self.backend)
 
 
 def assert_grads_equal_eager(model, x, compiler):

@@ -11,21 +11,7 @@ import pytest
 import torch
 from torch._dynamo.eval_frame import OptimizedModule
 
-from helpers import compiled_autograd
-
-
-class CountingCompiler:
-    """torch.compile with an eager backend that counts Dynamo's compiles."""
-
-    def __init__(self):
-        self.dynamo_compiles = 0
-
-    def backend(self, graph_module, example_inputs):
-        self.dynamo_compiles += 1
-        return graph_module.forward
-
-    def __call__(self, captured_graph):
-        return torch.compile(captured_graph, backend=self.backend)
+from helpers import compiled_autograd, CountingCompiler
 
 
 @contextlib.contextmanager
