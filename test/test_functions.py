@@ -11,7 +11,14 @@ import torch
 from torch._dynamo.utils import counters
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from helpers import COMPILERS, captures, check_against_eager, compiled_autograd, dynamo_compiler
+from helpers import (
+    COMPILERS,
+    assert_same,
+    captures,
+    check_against_eager,
+    compiled_autograd,
+    dynamo_compiler,
+)
 
 
 @pytest.fixture(params=sorted(COMPILERS))
@@ -335,6 +342,31 @@ def test_backward_of_a_dynamic_shape_compiled_region(compiler):
         return grads
 
     check_against_eager(fn, compiler)
+
+
+def test_backward_of_a_compiled_region_loaded_from_aot_autograds_cache(monkeypatch, tmp_path):
+    """A region compiled again after a restart (here: after a Dynamo reset)
+    gets its backward graph from AOTAutograd's cache, whose module keeps the
+    graph's constant tensors (here from ReLU's backward, with dynamic shapes)
+    as attributes that get_attr nodes read: the inlined copy takes them along."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    x = torch.randn(4, 4)
+
+    def gradients_through_a_fresh_region():
+        model.zero_grad(set_to_none=True)
+        torch.compile(model, backend="inductor", dynamic=True)(x).square().mean().backward()
+        return [p.grad for p in model.parameters()]
+
+    model(x).square().mean().backward()
+    expected = [p.grad for p in model.parameters()]
+    gradients_through_a_fresh_region()  # fills the cache
+    torch._dynamo.reset()
+    with compiled_autograd(dynamo_compiler("eager")):
+        actual = gradients_through_a_fresh_region()
+    assert counters["aot_autograd"]["autograd_cache_hit"] == 1
+    assert captures() == 1
+    assert_same(expected, actual, exact=False)
 
 
 def test_compiled_region_backward_fuses_with_its_neighbours_under_inductor():

@@ -447,10 +447,11 @@ class AOTBackward(torch.fx.GraphModule):
         from torch._dynamo.compiled_autograd import extract_bw_module
 
         aot_id = forward_cls._aot_id
+        backward_module = extract_bw_module(forward_cls)
         super().__init__(
-            torch.nn.Module(),
+            backward_module,
             _region_backward_graph(
-                aot_id, extract_bw_module(forward_cls).graph, num_symints, has_backward_state
+                aot_id, backward_module.graph, num_symints, has_backward_state
             ),
             f"{name}{aot_id}",
         )
