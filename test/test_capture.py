@@ -2,6 +2,7 @@
 without FakeTensors, make_fx or proxy dispatch modes."""
 
 import contextlib
+import linecache
 import re
 from unittest import mock
 
@@ -157,6 +158,24 @@ torch::autograd::AccumulateGrad (NodeCall 3)""",
         (aot_id,) = set(re.findall(r"self\.CompiledFunctionBackward(\d+)\(", text))
         self.assertIn(f"class CompiledFunctionBackward{aot_id}(torch.nn.Module):", text)
         self.assertRegex(text, rf"aot{aot_id}_cos\w*(: .*)? = torch.ops.aten.cos.default\(aot{aot_id}_primals_1\)")
+
+    def test_graph_code_is_named_after_its_graph_and_its_lines_are_readable(self):
+        """Whatever else made GraphModules in between, the same backward gets
+        the same code name (Dynamo's profile-guided state is found by it in a
+        restarted program), and tracebacks and Dynamo's logs read its lines."""
+        x = torch.randn(4, requires_grad=True)
+        first = capture_graph(lambda: (x.sin() * 2).sum().backward())
+        torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+        python_engine.reset()
+        again = capture_graph(lambda: (x.sin() * 2).sum().backward())
+        other = capture_graph(lambda: (x.cos() * 2).sum().backward())
+        name = first.forward.__code__.co_filename
+        self.assertRegex(name, r"^<eval_with_key>\.compiled_autograd\.[0-9a-f]{16}$")
+        self.assertEqual(again.forward.__code__.co_filename, name)
+        self.assertNotEqual(other.forward.__code__.co_filename, name)
+        self.assertEqual(linecache.getlines(name), first.code.splitlines(keepends=True))
+        first.recompile()
+        self.assertEqual(first.forward.__code__.co_filename, name)
 
     def test_python_autograd_runs_directly_on_real_values(self):
         """The engine loop is plain Python: run on the real lifted values

@@ -28,7 +28,9 @@ upstream engine instead (torch/_dynamo/compiled_autograd.py).
 
 import dataclasses
 import enum
+import hashlib
 import inspect
+import linecache
 import logging
 import operator
 import sys
@@ -855,12 +857,43 @@ def capture(
     outputs = python_autograd(nodes, num_outputs, lifted, ops=recorder)
     graph.output(tracer.create_arg(outputs))
     graph_module = torch.fx.GraphModule(recorder.root, graph, "CompiledAutograd")
+    _name_code_after_its_graph(graph_module, nodes)
     # Dynamo and AOTAutograd free each lifted tensor after its last use.
     set_locals_to_steal(graph_module, ["inputs"])
     # What was traced, for debugging and for running the loop itself.
     graph_module.meta["backward_nodes"] = tuple(nodes)
     graph_module.meta["num_outputs"] = num_outputs
     return graph_module
+
+
+def _name_code_after_its_graph(
+    graph_module: torch.fx.GraphModule, nodes: Sequence[BackwardNode]
+) -> None:
+    """Names the code of the graph's ``forward`` after a digest of its source
+    and of the autograd nodes it calls (the source refers to them by position).
+
+    Dynamo's profile-guided dynamic shapes (``torch.compiler.config.job_id``)
+    find a frame's recorded state in a restarted program by its code's file
+    name. fx names generated code ``<eval_with_key>.N``, N counting every
+    GraphModule the process made before, so a restart that makes more or fewer
+    of them (Inductor's and AOTAutograd's caches, warm after the first run,
+    skip the tracing that makes some) looked the graph up under another name
+    and compiled as often as the first run. The name keeps fx's prefix, which
+    fx's error reports for generated code look for."""
+    source = graph_module.code
+    digest = hashlib.sha256(source.encode())
+    digest.update(" ".join(node.name for node in nodes).encode())
+    filename = f"<eval_with_key>.compiled_autograd.{digest.hexdigest()[:16]}"
+    graph_module.graph._co_fields = {"co_filename": filename}  # for a later recompile()
+    forward = type(graph_module).forward
+    type(graph_module).forward = types.FunctionType(
+        forward.__code__.replace(co_filename=filename),
+        forward.__globals__,
+        forward.__name__,
+        forward.__defaults__,
+        forward.__closure__,
+    )
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
 
 
 # ---------------------------------------------------------------------------
