@@ -164,15 +164,22 @@ torch::autograd::AccumulateGrad (NodeCall 3)""",
         the same code name (Dynamo's profile-guided state is found by it in a
         restarted program), and tracebacks and Dynamo's logs read its lines."""
         x = torch.randn(4, requires_grad=True)
+        m = torch.randn(3, 4, requires_grad=True)
         first = capture_graph(lambda: (x.sin() * 2).sum().backward())
         torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
         python_engine.reset()
         again = capture_graph(lambda: (x.sin() * 2).sum().backward())
-        other = capture_graph(lambda: (x.cos() * 2).sum().backward())
+        other_nodes = capture_graph(lambda: (x.cos() * 2).sum().backward())
+        over_rows = capture_graph(lambda: m.sum(0).sin().sum().backward())
+        over_columns = capture_graph(lambda: m.sum(1).sin().sum().backward())
         name = first.forward.__code__.co_filename
         self.assertRegex(name, r"^<eval_with_key>\.compiled_autograd\.[0-9a-f]{16}$")
         self.assertEqual(again.forward.__code__.co_filename, name)
-        self.assertNotEqual(other.forward.__code__.co_filename, name)
+        self.assertNotEqual(other_nodes.forward.__code__.co_filename, name)
+        # Same code and nodes, but a node that sums over another dim.
+        self.assertEqual(
+            over_columns.forward.__code__.co_filename, f"{over_rows.forward.__code__.co_filename}.1"
+        )
         self.assertEqual(linecache.getlines(name), first.code.splitlines(keepends=True))
         first.recompile()
         self.assertEqual(first.forward.__code__.co_filename, name)

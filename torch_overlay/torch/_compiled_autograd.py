@@ -26,6 +26,7 @@ Example::
 upstream engine instead (torch/_dynamo/compiled_autograd.py).
 """
 
+import collections
 import dataclasses
 import enum
 import hashlib
@@ -866,6 +867,10 @@ def capture(
     return graph_module
 
 
+# Graphs captured since the last reset(), per digest of their code and nodes.
+_captures_by_digest: collections.Counter[str] = collections.Counter()
+
+
 def _name_code_after_its_graph(
     graph_module: torch.fx.GraphModule, nodes: Sequence[BackwardNode]
 ) -> None:
@@ -878,12 +883,17 @@ def _name_code_after_its_graph(
     GraphModule the process made before, so a restart that makes more or fewer
     of them (Inductor's and AOTAutograd's caches, warm after the first run,
     skip the tracing that makes some) looked the graph up under another name
-    and compiled as often as the first run. The name keeps fx's prefix, which
-    fx's error reports for generated code look for."""
+    and compiled as often as the first run. Graphs with the same source and
+    nodes but other sizes or hooks (two models of one layout) are told apart by
+    the order of their captures, which a restarted program repeats. The name
+    keeps fx's prefix, which fx's error reports for generated code look for."""
     source = graph_module.code
-    digest = hashlib.sha256(source.encode())
-    digest.update(" ".join(node.name for node in nodes).encode())
-    filename = f"<eval_with_key>.compiled_autograd.{digest.hexdigest()[:16]}"
+    hasher = hashlib.sha256(source.encode())
+    hasher.update(" ".join(node.name for node in nodes).encode())
+    digest = hasher.hexdigest()[:16]
+    ordinal = _captures_by_digest[digest]
+    _captures_by_digest[digest] += 1
+    filename = f"<eval_with_key>.compiled_autograd.{digest}" + (f".{ordinal}" if ordinal else "")
     graph_module.graph._co_fields = {"co_filename": filename}  # for a later recompile()
     forward = type(graph_module).forward
     type(graph_module).forward = types.FunctionType(
@@ -938,6 +948,7 @@ def _install_engine_entry(installation: Optional[Installation]) -> None:
 def reset() -> None:
     """Forgets every captured graph."""
     _C.clear_cache()
+    _captures_by_digest.clear()
 
 
 def _capture(
