@@ -884,7 +884,7 @@ def _name_code_after_its_graph(
     of them (Inductor's and AOTAutograd's caches, warm after the first run,
     skip the tracing that makes some) looked the graph up under another name
     and compiled as often as the first run. Graphs with the same source and
-    nodes but other sizes or hooks (two models of one layout) are told apart by
+    nodes that differ inside a node (a sum over another dim) are told apart by
     the order of their captures, which a restarted program repeats. The name
     keeps fx's prefix, which fx's error reports for generated code look for."""
     source = graph_module.code
