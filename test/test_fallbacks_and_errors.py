@@ -125,6 +125,27 @@ def test_cpp_hook_refusing_compiled_autograd_falls_back_to_eager_with_a_warning(
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize(
+    "layout, name", [(torch.sparse_coo, "Sparse"), (torch.sparse_csr, "SparseCsr")]
+)
+def test_a_sparse_tensor_saved_for_backward_falls_back_to_eager_with_a_warning(
+    layout, name
+):
+    # Dynamo raised IndexError on a sparse graph input (both engines).
+    def fn():
+        dense = torch.randn(4, 5)
+        dense[dense < 0.3] = 0
+        sparse = dense.to_sparse(layout=layout).requires_grad_()
+        weight = torch.randn(5, 3, requires_grad=True)
+        (sparse @ weight).sum().backward()
+        return [sparse.grad.layout, sparse.grad.to_dense(), weight.grad]
+
+    with pytest.warns(UserWarning, match=f"has layout {name}, and Dynamo takes only strided"):
+        check_against_eager(fn, COMPILERS["aot_eager"])
+    assert eager_fallbacks() == 1
+    assert captures() == 0
+
+
 def test_legacy_and_python_engines_in_one_process():
     def fn():
         model = torch.nn.Linear(4, 2)

@@ -1356,7 +1356,7 @@ def _report_eager_fallback(reason: str, warn: bool) -> None:
         _reported_fallbacks.add(reason)
         warnings.warn(
             "Compiled autograd (python engine) ran this backward with eager "
-            f"autograd: {reason.rstrip('.')}. Gradients are correct but not compiled. "
+            f"autograd: {reason.rstrip('. ')}. Gradients are correct but not compiled. "
             "Set torch._dynamo.config.compiled_autograd_engine = 'legacy' to "
             "try the legacy engine instead.",
             stacklevel=2,

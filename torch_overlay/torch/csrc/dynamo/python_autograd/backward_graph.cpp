@@ -414,6 +414,14 @@ class Collector {
       auto [it, inserted] = tensor_ids_.try_emplace(
           t.unsafeGetTensorImpl(), graph_.tensors.size());
       if (inserted) {
+        // Dynamo fails on a sparse graph input (IndexError reading its
+        // strides); the eager engine handles it.
+        TORCH_CHECK_NOT_IMPLEMENTED(
+            !t.defined() || t.layout() == c10::kStrided,
+            "a tensor the backward reads (saved for backward, or a gradient "
+            "passed in) has layout ",
+            t.layout(),
+            ", and Dynamo takes only strided tensors as graph inputs");
         graph_.tensors.push_back(t);
       }
       record.tensor_ids.push_back(it->second);
