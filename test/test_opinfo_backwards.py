@@ -1,0 +1,78 @@
+"""Every op in PyTorch's OpInfo database that supports autograd: the backward
+of its first sample input, compiled by Dynamo with every size symbolic
+(`compiled_autograd_symbolic_sizes`, aot_eager), gives eager's gradients.
+
+Symbolic sizes are the strictest setting for a backward formula: each runs
+under FakeTensors whose sizes are symbols, as after any recompile for a
+changed size. This sweep found the backward ops of patches/0010 and the
+sparse inputs Dynamo cannot take (test_fallbacks_and_errors.py)."""
+
+import warnings
+
+import pytest
+import torch
+from torch.testing._internal.common_methods_invocations import op_db
+
+from helpers import compiled_autograd, dynamo_compiler
+
+OPS = [op for op in op_db if op.supports_autograd]
+
+
+def tensors_in(value):
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in tensors_in(item)]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in tensors_in(item)]
+    return []
+
+
+def gradients(op, sample):
+    """Gradients of a weighted sum of the op's differentiable outputs
+    (weights, so that no output's gradient is all ones) with respect to the
+    sample's tensors that require grad; None when there is nothing to
+    differentiate."""
+    inputs = [t for t in tensors_in([sample.input, sample.args, sample.kwargs]) if t.requires_grad]
+    outputs = [
+        o
+        for o in tensors_in(op(sample.input, *sample.args, **sample.kwargs))
+        if o.requires_grad and (o.is_floating_point() or o.is_complex())
+    ]
+    if not inputs or not outputs:
+        return None
+    loss = sum(
+        (
+            (o.real if o.is_complex() else o)
+            * torch.linspace(-1, 1, o.numel(), dtype=o.real.dtype).reshape(o.shape)
+        ).sum()
+        for o in outputs
+    )
+    return torch.autograd.grad(loss, inputs, allow_unused=True)
+
+
+@pytest.mark.parametrize("op", OPS, ids=[f"{op.name}.{op.variant_test_name}".rstrip(".") for op in OPS])
+def test_op_backward_with_symbolic_sizes_matches_eager(op):
+    dtype = torch.float64 if torch.float64 in op.supported_backward_dtypes("cpu") else torch.float32
+    sample = next(iter(op.sample_inputs("cpu", dtype, requires_grad=True)), None)
+    if sample is None:
+        pytest.skip("no sample input")
+    torch.manual_seed(0)
+    try:
+        expected = gradients(op, sample)
+    except Exception as error:  # the sample is not differentiable in eager either
+        pytest.skip(f"eager raised {type(error).__name__}")
+    if expected is None:
+        pytest.skip("nothing to differentiate")
+
+    torch._dynamo.config.compiled_autograd_symbolic_sizes = True
+    torch.manual_seed(0)
+    with compiled_autograd(dynamo_compiler("aot_eager")), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        actual = gradients(op, sample)
+
+    tolerance = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float64 else {}
+    for e, a in zip(expected, actual):
+        assert (e is None) == (a is None)
+        if e is not None:
+            torch.testing.assert_close(a, e, equal_nan=True, **tolerance)
