@@ -13,7 +13,9 @@ from helpers import (
     check_against_eager,
     compiled_autograd,
     eager_fallbacks,
+    run_eager_and_compiled,
 )
+from torch._dynamo.utils import counters
 
 
 def test_create_graph_falls_back_to_eager_and_double_backward_works():
@@ -144,6 +146,32 @@ def test_a_sparse_tensor_saved_for_backward_falls_back_to_eager_with_a_warning(
         check_against_eager(fn, COMPILERS["aot_eager"])
     assert eager_fallbacks() == 1
     assert captures() == 0
+
+
+def test_a_graph_dynamo_cannot_trace_runs_without_dynamo_with_a_warning():
+    # libtorch's linalg_lstsq_backward calls numel() where residuals have a
+    # gradient, which a FakeTensor with symbolic sizes refuses: Dynamo raises
+    # while tracing the node's formula (on the legacy engine too).
+    torch._dynamo.config.compiled_autograd_symbolic_sizes = True
+
+    def fn(rows):
+        def gradients():
+            a = torch.randn(rows, 3, dtype=torch.float64, requires_grad=True)
+            b = torch.randn(rows, 2, dtype=torch.float64, requires_grad=True)
+            out = torch.linalg.lstsq(a, b, driver="gels")
+            (out.solution.pow(2).sum() + out.residuals.sum()).backward()
+            return [a.grad, b.grad]
+
+        return gradients
+
+    with pytest.warns(UserWarning, match="Cannot call numel.*runs without compiler_fn"):
+        assert_same(*run_eager_and_compiled(fn(4), COMPILERS["aot_eager"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_same(*run_eager_and_compiled(fn(5), COMPILERS["aot_eager"]))
+    assert counters["compiled_autograd"]["graphs_run_without_dynamo"] == 1
+    assert captures() == 1
+    assert eager_fallbacks() == 0
 
 
 def test_legacy_and_python_engines_in_one_process():

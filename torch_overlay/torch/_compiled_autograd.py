@@ -34,6 +34,7 @@ import inspect
 import linecache
 import logging
 import operator
+import re
 import sys
 import threading
 import types
@@ -1294,15 +1295,64 @@ class _CompiledBackward:
         that call compiles: the graph's configuration and size relations
         (``_CONFIG_WHILE_COMPILING``) and its compile id. A cache hit in
         :class:`_DynamoCacheHit` compiles nothing and needs neither, as
-        Dynamo's own hits run without a compile context."""
+        Dynamo's own hits run without a compile context. A graph Dynamo
+        fails to trace before running any of it runs without Dynamo from then
+        on (:meth:`run_without_dynamo`)."""
         config = _CONFIG_WHILE_COMPILING
         config.register()
         prior_running, config.running = config.running, (self, inputs, other_inputs[0])
+        num_inputs = len(inputs)
         try:
             with torch._guards.compile_context(self.compile_context):
                 return self.compiled(inputs, *other_inputs)
+        except torch._dynamo.exc.TorchRuntimeError as error:
+            if not self.failed_before_running(error, inputs, num_inputs):
+                raise
+            self.run_without_dynamo(error)
         finally:
             config.running = prior_running
+        return self.compiled(inputs, *other_inputs)
+
+    def failed_before_running(
+        self, error: Exception, inputs: list[torch.Tensor], num_inputs: int
+    ) -> bool:
+        """Whether Dynamo raised ``error`` while compiling the graph's own
+        frame -- which it does before running any of it -- rather than a
+        resume function after a graph break, when part of the graph (a hook's
+        side effects, an accumulation) has run already. The input list is
+        still full then too: Dynamo's code empties it when it starts."""
+        graph_module = self.graph_module()
+        stack = getattr(error, "real_stack", None)
+        return (
+            graph_module is not None
+            and len(inputs) == num_inputs
+            and bool(stack)
+            and stack[0].name == "forward"
+            and stack[0].filename == graph_module.forward.__code__.co_filename
+        )
+
+    def run_without_dynamo(self, error: Exception) -> None:
+        """From now on runs the captured graph itself, op by op, instead of
+        what ``compiler_fn`` made of it: Dynamo failed to trace it, typically
+        a node's backward formula that libtorch implements with int-only code
+        (``linalg_lstsq_backward`` calls ``numel()``) once sizes are
+        symbolic."""
+        counters["compiled_autograd"]["graphs_run_without_dynamo"] += 1
+        # Dynamo's message names the failing call, then "got <error>('...')".
+        failure = re.search(r"got (\w+)\('(.*?)(?:\\n|'\))", str(error))
+        reason = (
+            f"{failure.group(1)}: {failure.group(2)}"
+            if failure
+            else str(error).strip().splitlines()[0]
+        )
+        warnings.warn(
+            "Compiled autograd (python engine): Dynamo could not compile a captured "
+            f"backward graph ({reason}); that graph runs without compiler_fn from now "
+            "on. Gradients are correct but not compiled.",
+            stacklevel=2,
+        )
+        self.compiled = self.graph_module()
+        self.cache_hit = None
 
 
 class _RunningGraphs:
