@@ -16,7 +16,7 @@ from torch.fx.experimental.symbolic_shapes import (
     StatelessSymbolicContext,
 )
 
-from helpers import assert_same, compiled_autograd, dynamo_compiler
+from helpers import assert_same, dynamo_compiler, run_eager_and_compiled
 
 aten = torch.ops.aten
 
@@ -63,6 +63,14 @@ def grown(shape):
     return tuple(size + 1 for size in shape)
 
 
+def assert_input_gradient_matches_eager(forward, sizes, memory_format):
+    expected, actual = run_eager_and_compiled(
+        lambda: input_gradient(forward, sizes, memory_format), dynamo_compiler("aot_eager")
+    )
+    assert_same(expected, actual)
+    assert actual[0].stride() == expected[0].stride()
+
+
 @pytest.mark.parametrize("name, forward, shape, memory_format", FORWARDS, ids=[f[0] for f in FORWARDS])
 @pytest.mark.parametrize("engine", ["python", "legacy"])
 def test_backward_with_sizes_symbolic_from_the_first_compile_matches_eager(
@@ -71,13 +79,7 @@ def test_backward_with_sizes_symbolic_from_the_first_compile_matches_eager(
     torch._dynamo.config.compiled_autograd_engine = engine
     torch._dynamo.config.compiled_autograd_symbolic_sizes = True
     for sizes in (shape, grown(shape)):
-        torch.manual_seed(0)
-        expected = input_gradient(forward, sizes, memory_format)
-        torch.manual_seed(0)
-        with compiled_autograd(dynamo_compiler("aot_eager")):
-            actual = input_gradient(forward, sizes, memory_format)
-        assert_same(expected, actual)
-        assert actual[0].stride() == expected[0].stride()
+        assert_input_gradient_matches_eager(forward, sizes, memory_format)
 
 
 @pytest.mark.parametrize("name, forward, shape, memory_format", FORWARDS, ids=[f[0] for f in FORWARDS])
@@ -85,12 +87,7 @@ def test_backward_recompiled_after_a_size_change_matches_eager(
     name, forward, shape, memory_format
 ):
     for sizes in (shape, grown(shape), grown(grown(shape))):
-        torch.manual_seed(0)
-        expected = input_gradient(forward, sizes, memory_format)
-        torch.manual_seed(0)
-        with compiled_autograd(dynamo_compiler("aot_eager")):
-            actual = input_gradient(forward, sizes, memory_format)
-        assert_same(expected, actual)
+        assert_input_gradient_matches_eager(forward, sizes, memory_format)
 
 
 def symbolic_fake(mode, tensor):
