@@ -7,6 +7,8 @@ VENV ?= .venv
 # Extra options for build_scripts/build_wheel.py (see its --help), e.g.
 #   make build BUILD_ARGS="--patches-dir /tmp/p --overlay-dir /tmp/o"
 BUILD_ARGS ?=
+# pytest processes for `make test` (pytest-xdist; 0 runs the tests in this process).
+TEST_WORKERS ?= 2
 
 VENV_PYTHON := $(VENV)/bin/python
 TEST_ENV := PCA_SHARED=$(abspath $(SHARED))
@@ -71,7 +73,7 @@ $(BENCH_STAMP): bench/requirements.txt
 # pytest exits 5 when it collects no test: that fails here on purpose, so CI never
 # passes without running tests.
 test: install
-	$(TEST_ENV) $(VENV_PYTHON) -m pytest test -q
+	$(TEST_ENV) $(VENV_PYTHON) -m pytest test -q -n $(TEST_WORKERS)
 
 # PyTorch's own test/inductor/test_compiled_autograd.py against the installed wheel
 # (test/upstream/run_upstream.py; it copies the file into build/upstream-tests, never edits
