@@ -33,6 +33,31 @@ def test_create_graph_falls_back_to_eager_and_double_backward_works():
     assert captures() == 1
 
 
+@pytest.mark.parametrize("compiler_name", sorted(COMPILERS))
+def test_third_order_gradients_through_create_graph_backwards_match_eager(compiler_name):
+    # A compiled create_graph backward would be differentiable only once:
+    # d2u's graph would inline du's compiled backward, whose saved
+    # activations carry no history, and the parameters' gradients would be
+    # wrong (docs/design.md, Known limits).
+    def physics_informed_step():
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(
+            torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)
+        )
+        t = torch.linspace(0, 1, 10).unsqueeze(1).requires_grad_()
+        u = net(t)
+        (du,) = torch.autograd.grad(u.sum(), t, create_graph=True)
+        (d2u,) = torch.autograd.grad(du.sum(), t, create_graph=True)
+        ((d2u + u) ** 2).mean().backward()
+        return [p.grad for p in net.parameters()]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fallback's warning: the test above
+        check_against_eager(physics_informed_step, COMPILERS[compiler_name])
+    assert eager_fallbacks() == 2
+    assert captures() == 1
+
+
 def test_anomaly_mode_raises_eagers_error_naming_the_node():
     def backward_producing_nan():
         x = torch.tensor([0.0], requires_grad=True)

@@ -154,7 +154,8 @@ std::optional<Unsupported> unsupported_mode() {
   }
   if (torch::autograd::GradMode::is_enabled()) {
     return Unsupported{
-        "create_graph=True (higher-order gradients) is not supported yet",
+        "create_graph=True (a compiled backward would be differentiable only "
+        "once, eager's any number of times)",
         false};
   }
   if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
