@@ -1,7 +1,8 @@
 """Inductor's index simplification with loops over symbolic sizes
 (patches/0004): once Dynamo makes a size dynamic, a loop over it still lets
 Inductor drop the `%` and `//` that a numeric loop size lets it drop, and a
-simplified index still addresses the same element at every point.
+simplified index still addresses the same element at every point. A bound the
+simplification cannot evaluate leaves the index as it is (patches/0011).
 
 Gradients of the graphs this matters for (Inductor after dynamic recompiles)
 are compared with eager in test_models.py."""
@@ -17,6 +18,8 @@ from torch._inductor.sizevars import SizeVarAllocator
 from torch._inductor.utils import sympy_index_symbol
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils._sympy.functions import FloorDiv, ModularIndexing
+
+from helpers import assert_same, compiled_autograd, dynamo_compiler
 
 X0, X1, X2 = (sympy_index_symbol(f"x{i}") for i in range(3))
 
@@ -67,6 +70,26 @@ def test_a_bound_that_does_not_hold_keeps_the_modulus(sizevars):
     index = ModularIndexing(64 * X1 + 64 + ModularIndexing(X0, 1, 64), 64, s0)
     simplified = simplifier.simplify_with_ranges(index, {X0: 64, X1: s0})
     assert simplified == ModularIndexing(X1 + 1, 1, s0)
+
+
+def test_an_index_with_bounds_the_shape_env_cannot_evaluate_compiles_as_it_is():
+    # With every size symbolic, a kernel of LocalResponseNorm's backward
+    # indexes with Inductor's own symbols (ps*, q*) inside Max(0, q - ps);
+    # ShapeEnv.simplify, proving q - ps >= 0 with the shape env's ranges,
+    # which lack those symbols, raised AssertionError ("vr must not be None")
+    # and Inductor failed the compile.
+    def gradient():
+        torch.manual_seed(0)
+        x = torch.randn(1, 5, 7, 7, 7, requires_grad=True)
+        y = torch.nn.LocalResponseNorm(1, alpha=1.0, beta=0.5, k=2.0)(x)
+        (grad,) = torch.autograd.grad((y * torch.linspace(-1, 1, y.numel()).reshape(y.shape)).sum(), x)
+        return [grad]
+
+    expected = gradient()
+    torch._dynamo.config.compiled_autograd_symbolic_sizes = True
+    with compiled_autograd(dynamo_compiler("inductor")):
+        actual = gradient()
+    assert_same(expected, actual, exact=False)
 
 
 # Random indices: loops nested in row-major order over sizes that are numbers
