@@ -1,8 +1,8 @@
 """Inductor's index simplification with loops over symbolic sizes
 (patches/0004): once Dynamo makes a size dynamic, a loop over it still lets
 Inductor drop the `%` and `//` that a numeric loop size lets it drop, and a
-simplified index still addresses the same element at every point. A bound the
-simplification cannot evaluate leaves the index as it is (patches/0011).
+simplified index still addresses the same element at every point. An index over
+Inductor's own symbols inside Max(0, ...) compiles (patches/0011).
 
 Gradients of the graphs this matters for (Inductor after dynamic recompiles)
 are compared with eager in test_models.py."""
@@ -75,9 +75,9 @@ def test_a_bound_that_does_not_hold_keeps_the_modulus(sizevars):
 def test_an_index_with_bounds_the_shape_env_cannot_evaluate_compiles_as_it_is():
     # With every size symbolic, a kernel of LocalResponseNorm's backward
     # indexes with Inductor's own symbols (ps*, q*) inside Max(0, q - ps);
-    # ShapeEnv.simplify, proving q - ps >= 0 with the shape env's ranges,
-    # which lack those symbols, raised AssertionError ("vr must not be None")
-    # and Inductor failed the compile.
+    # ShapeEnv.simplify, proving q - ps >= 0 with its own ranges, which lack
+    # those symbols, raised AssertionError ("vr must not be None") and
+    # Inductor failed the compile.
     def gradient():
         torch.manual_seed(0)
         x = torch.randn(1, 5, 7, 7, 7, requires_grad=True)
