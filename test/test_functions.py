@@ -263,6 +263,37 @@ def test_function_backward_fuses_with_its_neighbours_under_inductor():
     assert ".cos()" in code or "std::cos" in code, code
 
 
+class DropoutInBackward(torch.autograd.Function):
+    """A backward that draws random numbers: dropout on the incoming gradient."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.nn.functional.dropout(grad, 0.5, training=True) * 2
+
+
+def _backward_drawing_random_numbers():
+    x = torch.randn(256, requires_grad=True)
+    DropoutInBackward.apply(x.exp()).sum().backward()
+    # What the generator gives next: the backward drew as many numbers as eager's.
+    return [x.grad, torch.rand(8)]
+
+
+def test_random_draws_in_a_backward_match_eager(compiler):
+    check_against_eager(_backward_drawing_random_numbers, compiler)
+
+
+def test_random_draws_in_a_backward_match_eager_under_inductor_with_fallback_random(monkeypatch):
+    """Inductor draws random numbers with its own generator in every compiled
+    graph; ``fallback_random`` makes it call eager's random ops, as it does
+    for a compiled forward."""
+    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    check_against_eager(_backward_drawing_random_numbers, dynamo_compiler("inductor"))
+
+
 @torch.library.custom_op("pca_test::scaled_sin", mutates_args=())
 def scaled_sin(x: torch.Tensor) -> torch.Tensor:
     return x.sin() * 2
