@@ -7,7 +7,8 @@ VENV ?= .venv
 # Extra options for build_scripts/build_wheel.py (see its --help), e.g.
 #   make build BUILD_ARGS="--patches-dir /tmp/p --overlay-dir /tmp/o"
 BUILD_ARGS ?=
-# pytest processes for `make test` (pytest-xdist; 0 runs the tests in this process).
+# pytest processes for `make test` and `make test-upstream[-full]` (pytest-xdist; 0 runs
+# the tests in one process).
 TEST_WORKERS ?= 2
 
 VENV_PYTHON := $(VENV)/bin/python
@@ -88,7 +89,7 @@ ENGINE ?= python
 PYTORCH_TESTS ?= $(SHARED)/pytorch-tests
 UPSTREAM_ARGS ?=
 UPSTREAM_RUN = $(TEST_ENV) $(VENV_PYTHON) test/upstream/run_upstream.py --engine $(ENGINE) \
-	--pytorch-tests $(PYTORCH_TESTS)
+	--pytorch-tests $(PYTORCH_TESTS) --workers $(TEST_WORKERS)
 
 test-upstream: install
 	$(UPSTREAM_RUN) --subset test/upstream/ci_subset.txt $(UPSTREAM_ARGS)

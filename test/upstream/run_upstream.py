@@ -3,7 +3,8 @@
 
 Usage (make test-upstream / make test-upstream-full run this with the venv's python):
   python test/upstream/run_upstream.py [--engine python|legacy] [--subset FILE | --full]
-                                       [--pytorch-tests DIR] [--rescore] [-- PYTEST_ARGS...]
+                                       [--pytorch-tests DIR] [--workers N] [--rescore]
+                                       [-- PYTEST_ARGS...]
 Documentation: docs/testing-upstream.md.
 
 - Prepares a copy of the test file in build/upstream-tests/test/inductor/ (the file under
@@ -79,6 +80,9 @@ def parse_args(argv):
     group.add_argument("--full", action="store_true", help="run the whole file (the default without --subset)")
     parser.add_argument("--timeout", type=int, default=900,
                         help="seconds per test (pytest-timeout, when installed); 0: none")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="pytest processes (pytest-xdist, when installed); 0: the tests run in "
+                             "pytest's own process")
     parser.add_argument("--rescore", action="store_true",
                         help="run nothing: compare the raw results of the last run (raw-<engine>.json "
                              "in --out-dir) with the list again, e.g. after editing it")
@@ -188,6 +192,12 @@ def main(argv=None) -> int:
             cmd += [f"--timeout={args.timeout}"]
         else:
             print("[upstream] pytest-timeout is not installed: no per-test timeout")
+    if args.workers:
+        probe = subprocess.run([sys.executable, "-c", "import xdist"], capture_output=True)
+        if probe.returncode == 0:
+            cmd += ["-n", str(args.workers)]
+        else:
+            print("[upstream] pytest-xdist is not installed: the tests run in one process")
     cmd += args.pytest_args
 
     env = dict(os.environ)

@@ -23,6 +23,8 @@ RAW_PATH = os.environ.get("PCA_UPSTREAM_RAW")
 LONGREPR_CHARS = 6000
 
 _results: dict[str, dict] = {}
+# Set in pytest_configure: a pytest-xdist worker runs tests but does not record them.
+_IS_XDIST_WORKER = False
 _collect_errors: list[dict] = []
 _start = time.monotonic()
 
@@ -38,6 +40,8 @@ def _select_engine() -> None:
 
 
 def pytest_configure(config):
+    global _IS_XDIST_WORKER
+    _IS_XDIST_WORKER = hasattr(config, "workerinput")
     if ENGINE not in ("python", "legacy"):
         raise pytest.UsageError(f"PCA_UPSTREAM_ENGINE must be python or legacy, not {ENGINE!r}")
     _select_engine()
@@ -109,8 +113,9 @@ def pytest_collectreport(report):
 
 def _write_raw(exitstatus) -> None:
     """Writes the results so far (atomically): after every test, so that a run that dies
-    half-way (a crash, a timeout of the whole job) still leaves the tests it ran."""
-    if not RAW_PATH:
+    half-way (a crash, a timeout of the whole job) still leaves the tests it ran. Under
+    pytest-xdist only the controller writes: it receives every worker's reports."""
+    if not RAW_PATH or _IS_XDIST_WORKER:
         return
     tmp = f"{RAW_PATH}.tmp"
     with open(tmp, "w") as f:
