@@ -360,6 +360,34 @@ def test_backward_of_a_torch_compiled_region_is_inlined(compiler, region_backend
     assert "apply_eagerly" not in code and "self.CompiledFunctionBackward" in code, code
 
 
+# An Inductor region's float32 forward is left out: eager autograd runs its
+# backward as Inductor's code, which autocast does not reach, and the captured
+# graph runs it under autocast (docs/design.md, *Known limits*).
+@pytest.mark.parametrize(
+    "region_backend, forward_in_autocast",
+    [("aot_eager", False), ("aot_eager", True), ("inductor", True)],
+)
+def test_backward_of_a_compiled_region_called_inside_autocast_matches_eager(
+    compiler, region_backend, forward_in_autocast
+):
+    """Eager autograd runs a backward called inside autocast under it (a
+    float32 forward's gradients then come from bfloat16 matmuls); the
+    region's backward, inlined into the captured graph, runs the same way."""
+    model = small_mlp()
+    region = torch.compile(model, backend=region_backend)
+
+    def fn():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=forward_in_autocast):
+            loss = region(torch.randn(8, 4)).float().pow(2).sum()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss.backward()
+        grads = [p.grad for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        return grads
+
+    check_against_eager(fn, compiler, exact=region_backend != "inductor")
+
+
 def test_backward_of_a_dynamic_shape_compiled_region(compiler):
     model = small_mlp()
     region = torch.compile(model, backend="aot_eager", dynamic=True)
