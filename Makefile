@@ -72,9 +72,13 @@ $(BENCH_STAMP): bench/requirements.txt
 	touch $@
 
 # pytest exits 5 when it collects no test: that fails here on purpose, so CI never
-# passes without running tests.
+# passes without running tests. A test running longer than TEST_TIMEOUT seconds fails
+# (pytest-timeout), and every thread's stack is printed (faulthandler's watchdog thread,
+# which needs no GIL: a deadlock that holds the GIL still shows where it is).
+TEST_TIMEOUT ?= 900
 test: install
-	$(TEST_ENV) $(VENV_PYTHON) -m pytest test -q -n $(TEST_WORKERS)
+	$(TEST_ENV) $(VENV_PYTHON) -m pytest test -q -n $(TEST_WORKERS) \
+		--timeout=$(TEST_TIMEOUT) -o faulthandler_timeout=$(TEST_TIMEOUT)
 
 # PyTorch's own test/inductor/test_compiled_autograd.py against the installed wheel
 # (test/upstream/run_upstream.py; it copies the file into build/upstream-tests, never edits
