@@ -425,7 +425,7 @@ def worker_main(
     # threads with the GIL held, while a worker may still be destroying a
     # finished collective whose captured thread-local state holds Python
     # objects (the context torch.autograd.backward stashes there), and the two
-    # deadlock (seen once in a pytest process; test_fallbacks_and_errors.py).
+    # deadlock (seen once in a pytest process; docs/distributed.md, Failures).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)

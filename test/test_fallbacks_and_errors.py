@@ -1,10 +1,11 @@
 """What the Python engine does not compile runs on the eager engine, with a
-warning that says so; errors surface exactly as in eager."""
+warning that says so; errors surface exactly as in eager.
 
-import datetime
-import io
-import multiprocessing
-import os
+A C++ hook that refuses compiled autograd (DDP's C++ reducer) is tested in
+test_distributed.py (test_ddp_cpp_reducer_*), in spawned processes: a gloo
+process group torn down inside a pytest process can deadlock it
+(docs/distributed.md, *Failures*)."""
+
 import warnings
 
 import pytest
@@ -123,71 +124,6 @@ def test_in_place_modification_of_saved_tensor_raises_eagers_error_without_a_fal
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             y.sum().backward()
     assert fallback_warnings(caught) == []
-
-
-def _ddp_backward_eagerly_then_under_compiled_autograd(results) -> None:
-    """In a process of its own: one DDP backward on eager autograd, then one
-    under compiled autograd; puts the gradients, the eager-fallback count and
-    the warnings on the ``results`` queue, then exits without destructors.
-
-    Destroying a gloo process group from Python joins its worker threads with
-    the GIL held, while a worker may still be destroying a finished allreduce,
-    whose captured thread-local state holds Python objects (the context
-    ``torch.autograd.backward`` stashes there): the two threads deadlocked
-    once, in a pytest worker that had run this test in-process."""
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
-
-    timeout = datetime.timedelta(seconds=30)
-    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timeout)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=timeout)
-    torch.manual_seed(0)
-    model = DistributedDataParallel(torch.nn.Linear(4, 4))
-    x = torch.randn(2, 4)
-    model(x).sum().backward()
-    expected = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad(set_to_none=True)
-    before = eager_fallbacks()
-    with compiled_autograd(), warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model(x).sum().backward()
-    actual = [p.grad.clone() for p in model.parameters()]
-    # As bytes: a tensor put on a queue is shared through this process, which exits.
-    payload = io.BytesIO()
-    torch.save((expected, actual), payload)
-    results.put((payload.getvalue(), eager_fallbacks() - before, [(w.category, str(w.message)) for w in caught]))
-    results.close()
-    results.join_thread()
-    os._exit(0)
-
-
-@pytest.mark.skipif(
-    not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
-    reason="needs torch.distributed with gloo",
-)
-def test_cpp_hook_refusing_compiled_autograd_falls_back_to_eager_with_a_warning():
-    # DDP's C++ reducer hooks AccumulateGrad with a post hook whose
-    # compiled_args raises a c10::Error; eager runs the backward fine.
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    process = context.Process(
-        target=_ddp_backward_eagerly_then_under_compiled_autograd, args=(results,)
-    )
-    process.start()
-    try:
-        payload, fallbacks, messages = results.get(timeout=300)
-    finally:
-        process.join(timeout=60)
-        if process.is_alive():
-            process.kill()
-    assert process.exitcode == 0
-    assert fallbacks == 1
-    assert any(
-        issubclass(category, UserWarning) and "DDP Reducer" in message
-        for category, message in messages
-    ), messages
-    expected, actual = torch.load(io.BytesIO(payload))
-    assert_same(expected, actual)
 
 
 @pytest.mark.parametrize(
