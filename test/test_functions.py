@@ -286,12 +286,12 @@ def test_random_draws_in_a_backward_match_eager(compiler):
     check_against_eager(_backward_drawing_random_numbers, compiler)
 
 
-def test_random_draws_in_a_backward_match_eager_under_inductor_with_fallback_random(monkeypatch):
+def test_random_draws_in_a_backward_match_eager_under_inductor_with_fallback_random():
     """Inductor draws random numbers with its own generator in every compiled
     graph; ``fallback_random`` makes it call eager's random ops, as it does
     for a compiled forward."""
-    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
-    check_against_eager(_backward_drawing_random_numbers, dynamo_compiler("inductor"))
+    with torch._inductor.config.patch(fallback_random=True):
+        check_against_eager(_backward_drawing_random_numbers, dynamo_compiler("inductor"))
 
 
 @torch.library.custom_op("pca_test::scaled_sin", mutates_args=())
