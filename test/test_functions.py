@@ -428,6 +428,35 @@ def test_backward_of_a_compiled_region_loaded_from_aot_autograds_cache(monkeypat
     assert_same(expected, actual, exact=False)
 
 
+def test_backward_of_a_region_aot_autograds_cache_cannot_hand_back_runs_as_itself(
+    monkeypatch, tmp_path
+):
+    """Loading a region's backward graph from AOTAutograd's cache traces its
+    code again with torch.fx, which fails in torch 2.13 on
+    nn.MultiheadAttention's backward with dynamic shapes (an aten.full whose
+    size list holds symbolic sizes; the legacy engine fails the backward).
+    The region's backward runs as itself, with eager's gradients."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    x = torch.randn(2, 5, 8)
+
+    def gradients_through_a_fresh_region():
+        layer.zero_grad(set_to_none=True)
+        torch.compile(layer, backend="inductor", dynamic=True)(x).square().mean().backward()
+        return [p.grad for p in layer.parameters()]
+
+    layer(x).square().mean().backward()
+    expected = [p.grad for p in layer.parameters()]
+    gradients_through_a_fresh_region()  # fills the cache
+    torch._dynamo.reset()
+    record_and_compile, graphs = recording(dynamo_compiler("eager"))
+    with compiled_autograd(record_and_compile):
+        actual = gradients_through_a_fresh_region()
+    assert counters["aot_autograd"]["autograd_cache_hit"] == 1
+    assert "apply_eagerly" in graphs[0].code, graphs[0].code
+    assert_same(expected, actual, exact=False)
+
+
 def test_compiled_region_backward_fuses_with_its_neighbours_under_inductor():
     """The region's backward (cos) and the pointwise backward around it
     (tanh's, exp's) compile into one Inductor kernel."""

@@ -448,10 +448,9 @@ class AOTBackward(torch.fx.GraphModule):
     def __init__(
         self, forward_cls: type, name: str, num_symints: int, has_backward_state: bool
     ) -> None:
-        from torch._dynamo.compiled_autograd import extract_bw_module
-
         aot_id = forward_cls._aot_id
-        backward_module = extract_bw_module(forward_cls)
+        backward_module = _region_backward_module(forward_cls)
+        assert backward_module is not None, "_aot_backward_inlinable admits only loadable regions"
         super().__init__(
             backward_module,
             _region_backward_graph(
@@ -551,7 +550,8 @@ def _prepare_aot_backward_inputs(
 def _aot_backward_inlinable(forward_cls: type) -> bool:
     """Whether AOTBackward can run this compiled region's backward: not when
     it has tensor subclasses, RNG state, tensors saved outside
-    ``ctx.saved_tensors``, or a backward graph AOTAutograd no longer keeps."""
+    ``ctx.saved_tensors``, or a backward graph AOTAutograd no longer keeps or
+    cannot hand back (:func:`_region_backward_module`)."""
     from torch._functorch._aot_autograd.runtime_wrappers import (
         AutogradLazyBackwardCompileInfo,
         CachedAutogradLazyBackwardCompileInfo,
@@ -568,7 +568,42 @@ def _aot_backward_inlinable(forward_cls: type) -> bool:
         and not metadata.is_rng_op_functionalized
         and not metadata.num_tensors_saved_with_no_vc_check
         and not metadata.num_backward_tokens
+        and _region_backward_module(forward_cls) is not None
     )
+
+
+_REGION_BACKWARD_MODULES: "weakref.WeakKeyDictionary[type, Optional[torch.fx.GraphModule]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _region_backward_module(forward_cls: type) -> Optional[torch.fx.GraphModule]:
+    """The compiled region's backward graph, as AOTAutograd keeps it, or None
+    when AOTAutograd cannot hand it back; loaded once per region.
+
+    A region loaded from AOTAutograd's cache keeps its backward graph as
+    Python code, which torch.fx traces again to load it; in torch 2.13 that
+    trace fails on an aten call whose size list holds symbolic sizes (a
+    region compiled with dynamic shapes, e.g. ``aten.full([3, s1, s0, 8])``
+    in nn.MultiheadAttention's backward), raising RuntimeError. Such a
+    region's backward runs as itself (the legacy engine fails the backward)."""
+    if forward_cls in _REGION_BACKWARD_MODULES:
+        return _REGION_BACKWARD_MODULES[forward_cls]
+    from torch._dynamo.compiled_autograd import extract_bw_module
+
+    try:
+        module = extract_bw_module(forward_cls)
+    except RuntimeError as error:
+        log.info(
+            "The backward of compiled region %s runs as itself, not inlined: "
+            "AOTAutograd could not hand back its backward graph (%s: %s)",
+            forward_cls._aot_id,
+            type(error).__name__,
+            str(error).splitlines()[0] if str(error) else "",
+        )
+        module = None
+    _REGION_BACKWARD_MODULES[forward_cls] = module
+    return module
 
 
 def related_sizes(
