@@ -403,14 +403,11 @@ def test_backward_of_a_dynamic_shape_compiled_region(compiler):
     check_against_eager(fn, compiler)
 
 
-def test_backward_of_a_compiled_region_loaded_from_aot_autograds_cache(monkeypatch, tmp_path):
-    """A region compiled again after a restart (here: after a Dynamo reset)
-    gets its backward graph from AOTAutograd's cache, whose module keeps the
-    graph's constant tensors (here from ReLU's backward, with dynamic shapes)
-    as attributes that get_attr nodes read: the inlined copy takes them along."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
-    x = torch.randn(4, 4)
+def eager_and_cached_region_gradients(model, x, compiler):
+    """The gradients of ``model(x).square().mean()`` with eager autograd, then
+    through a new region (``torch.compile`` with dynamic shapes, after a Dynamo
+    reset, as after a restart) whose compile hits AOTAutograd's cache, with
+    compiled autograd on ``compiler``."""
 
     def gradients_through_a_fresh_region():
         model.zero_grad(set_to_none=True)
@@ -421,9 +418,22 @@ def test_backward_of_a_compiled_region_loaded_from_aot_autograds_cache(monkeypat
     expected = [p.grad for p in model.parameters()]
     gradients_through_a_fresh_region()  # fills the cache
     torch._dynamo.reset()
-    with compiled_autograd(dynamo_compiler("eager")):
+    with compiled_autograd(compiler):
         actual = gradients_through_a_fresh_region()
     assert counters["aot_autograd"]["autograd_cache_hit"] == 1
+    return expected, actual
+
+
+def test_backward_of_a_compiled_region_loaded_from_aot_autograds_cache(monkeypatch, tmp_path):
+    """A region compiled again after a restart gets its backward graph from
+    AOTAutograd's cache, whose module keeps the graph's constant tensors
+    (here from ReLU's backward, with dynamic shapes) as attributes that
+    get_attr nodes read: the inlined copy takes them along."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    expected, actual = eager_and_cached_region_gradients(
+        model, torch.randn(4, 4), dynamo_compiler("eager")
+    )
     assert captures() == 1
     assert_same(expected, actual, exact=False)
 
@@ -438,21 +448,10 @@ def test_backward_of_a_region_aot_autograds_cache_cannot_hand_back_runs_as_itsel
     The region's backward runs as itself, with eager's gradients."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
-    x = torch.randn(2, 5, 8)
-
-    def gradients_through_a_fresh_region():
-        layer.zero_grad(set_to_none=True)
-        torch.compile(layer, backend="inductor", dynamic=True)(x).square().mean().backward()
-        return [p.grad for p in layer.parameters()]
-
-    layer(x).square().mean().backward()
-    expected = [p.grad for p in layer.parameters()]
-    gradients_through_a_fresh_region()  # fills the cache
-    torch._dynamo.reset()
     record_and_compile, graphs = recording(dynamo_compiler("eager"))
-    with compiled_autograd(record_and_compile):
-        actual = gradients_through_a_fresh_region()
-    assert counters["aot_autograd"]["autograd_cache_hit"] == 1
+    expected, actual = eager_and_cached_region_gradients(
+        layer, torch.randn(2, 5, 8), record_and_compile
+    )
     assert "apply_eagerly" in graphs[0].code, graphs[0].code
     assert_same(expected, actual, exact=False)
 
