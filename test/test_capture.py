@@ -97,7 +97,7 @@ class TestCapture(expecttest.TestCase):
 def forward(self, inputs, sizes, scalars, hooks, packed_data):
     getitem = inputs[0]
     getitem_1 = inputs[1];  inputs = None
-    related_sizes = torch._compiled_autograd.related_sizes(sizes, [getitem_1], ((0, 0, 0, 1), (1, 0, 0, 1), (2, 0, 0, 1)));  sizes = None
+    related_sizes = torch._compiled_autograd.related_sizes(sizes, [getitem, getitem_1], ((0, 1, 0, 1), (1, 1, 0, 1), (2, 1, 0, 1)));  sizes = None
     apply_with_saved = torch._compiled_autograd.apply_with_saved(0, [None], [getitem], related_sizes, (0, 0), scalars, (0, 0));  getitem = None
     getitem_2 = apply_with_saved[0];  apply_with_saved = None
     apply_with_saved_1 = torch._compiled_autograd.apply_with_saved(1, [getitem_2], [], related_sizes, (0, 2), scalars, (0, 0));  getitem_2 = None

@@ -3,6 +3,7 @@ capture and one Dynamo compile across batch sizes and sequence lengths, and a
 captured graph at most three times the size of the autograd graph. (Speed itself is
 measured by `make bench`, never asserted.)"""
 
+import collections
 import contextlib
 import json
 import operator
@@ -143,6 +144,42 @@ def test_sizes_equal_by_coincidence_give_eagers_gradients_when_they_part():
         assert_grads_equal_eager(model, transformer_input(batch, seq), compiler)
     assert captures() == 1
     assert all(symbols == set() for symbols in compiler.unrelated_symbols)
+
+
+class InputSymbolsCompiler(CountingCompiler):
+    """Also records, per Dynamo graph, the size symbols of its input
+    tensors' dims, by the value each dim has at that compile."""
+
+    def __init__(self):
+        super().__init__()
+        self.symbols_by_value = []
+
+    def backend(self, graph_module, example_inputs):
+        symbols = collections.defaultdict(set)
+        for node in graph_module.graph.nodes:
+            value = node.meta.get("example_value")
+            if is_graph_input(node) and isinstance(value, torch.Tensor):
+                for size in value.shape:
+                    if isinstance(size, torch.SymInt):
+                        symbols[size.node.hint].add(size.node.expr)
+        self.symbols_by_value.append(dict(symbols))
+        return super().backend(graph_module, example_inputs)
+
+
+def test_lifted_dims_that_change_together_are_one_symbol():
+    # Each lifted tensor's dims become symbols of their own when they change.
+    # Dims equal at every compile (the batch size, the sequence length) are
+    # compared in the graph, and Dynamo makes each group one symbol: a view
+    # between shapes spelled with two such symbols would leave Inductor an
+    # equality of products it cannot simplify.
+    torch.manual_seed(0)
+    model = transformer_encoder()
+    compiler = InputSymbolsCompiler()
+    for batch, seq in [(4, 10), (5, 10), (5, 14)]:
+        assert_grads_equal_eager(model, transformer_input(batch, seq), compiler)
+    assert compiler.dynamo_compiles == 3
+    batch_symbols, seq_symbols = compiler.symbols_by_value[-1][5], compiler.symbols_by_value[-1][14]
+    assert len(batch_symbols) == 1 and len(seq_symbols) == 1
 
 
 # A program that trains test/models.py's mlp over changing batch sizes,

@@ -628,13 +628,28 @@ def related_sizes(
     side static; the compile leaves those out
     (:meth:`_CompiledBackward.applicable_relations`).
 
+    Tensor dims that change are each a symbol of their own, even where two
+    are the same batch or sequence length: Dynamo makes them dynamic when
+    they change, and only unifies equal sizes (duck shaping) of dims that
+    are dynamic from the start. Two such symbols meet in a reshape between
+    shapes built from each, as a product equality Inductor cannot simplify,
+    and it copies through ``%`` indexing instead of fusing (a 10x slower
+    kernel in nn.TransformerEncoderLayer's feed-forward backward). So the
+    compile also compares the dynamic dims that were equal at every compile
+    of the graph, and the guard makes each group one symbol while they stay
+    equal.
+
     Returns ``sizes`` outside Dynamo, and when Dynamo treats every size as
     dynamic from the first compile (``dynamic=True``,
     ``compiled_autograd_symbolic_sizes``): that promises no recompile when
     sizes change, which guards on coincidences would break."""
     if not torch.compiler.is_compiling() or not _sizes_static_until_they_change():
         return sizes
-    applicable = _applicable_relations()
+    applicable, equal_dims = _applicable_relations()
+    for (position, dim), (other, other_dim) in equal_dims:
+        # Dynamo guards on a comparison its trace branches on.
+        if tensors[position].size(dim) == tensors[other].size(other_dim):
+            continue
     related = list(sizes)
     for index, (size_index, position, begin, end) in enumerate(related_dims):
         if applicable is not None and not applicable[index]:
@@ -657,15 +672,17 @@ def _sizes_static_until_they_change() -> bool:
 
 
 @torch._dynamo.assume_constant_result
-def _applicable_relations() -> Optional[tuple[bool, ...]]:
+def _applicable_relations() -> tuple[
+    Optional[tuple[bool, ...]], tuple[tuple[tuple[int, int], tuple[int, int]], ...]
+]:
     """Which of the graph's size relations the Dynamo compile under way
-    applies (:meth:`_CompiledBackward.applicable_relations`), or None for
-    all of them. Decided once per compile, while Dynamo traces the graph's
-    first frame (its inputs are all there until that frame runs), and not
-    guarded, as above."""
+    applies, or None for all of them, and which lifted tensors' dims it
+    compares (:meth:`_CompiledBackward.applicable_relations`). Decided once
+    per compile, while Dynamo traces the graph's first frame (its inputs are
+    all there until that frame runs), and not guarded, as above."""
     running = _CONFIG_WHILE_COMPILING.running
     if running is None:
-        return None
+        return None, ()
     graph, inputs, sizes = running
     return graph.applicable_relations(inputs, sizes)
 
@@ -883,13 +900,7 @@ def capture(
     tensors = [inputs[i] for i in range(num_tensors)]
     recorder = _GraphRecorder(tracer)
     if related_dims:
-        related_tensors = sorted({tensor for _, tensor, _, _ in related_dims})
-        position = {tensor: i for i, tensor in enumerate(related_tensors)}
-        sizes = recorder.related_sizes(
-            sizes,
-            [tensors[t] for t in related_tensors],
-            tuple((size, position[t], begin, end) for size, t, begin, end in related_dims),
-        )
+        sizes = recorder.related_sizes(sizes, tensors, tuple(related_dims))
     lifted = Lifted(tensors, sizes, scalars, hooks, packed_data)
     outputs = python_autograd(nodes, num_outputs, lifted, ops=recorder)
     graph.output(tracer.create_arg(outputs))
@@ -1258,14 +1269,19 @@ class _CompiledBackward:
         # Weak: whatever `compiled` Dynamo compiles holds the module itself.
         self.graph_module = weakref.ref(graph_module)
         self.related_dims = tuple(related_dims)
+        # The lifted tensors' shapes at each Dynamo compile of the graph.
+        self.compiled_shapes: list[tuple[Optional[tuple[int, ...]], ...]] = []
         self.cache_hit = _DynamoCacheHit.of(compiled, graph_module)
 
     def applicable_relations(
         self, inputs: Sequence[Any], sizes: Sequence[Any]
-    ) -> Optional[tuple[bool, ...]]:
+    ) -> tuple[Optional[tuple[bool, ...]], tuple[tuple[tuple[int, int], tuple[int, int]], ...]]:
         """For each of ``related_dims``, whether the Dynamo compile about to
         start applies it: only where the size and the dims it was found equal
-        to will both be dynamic, or both static.
+        to will both be dynamic, or both static (None: all of them). And the
+        pairs of lifted tensors' dims, as ``(tensor index, dim)``, that the
+        compile compares: dims that will be dynamic and have been equal at
+        every compile of the graph, each paired with the first of its group.
 
         Dynamo makes an input dynamic when its automatic-dynamic state for
         the graph's frame says so -- because a compile before, in this
@@ -1276,15 +1292,23 @@ class _CompiledBackward:
         and applying it would guard the dynamic side to a constant: in a
         restarted program whose first compile is dynamic from the profile,
         the next shape would compile again. Inside Dynamo's trace a dynamic
-        size looks like an int, so this is decided here, before it traces."""
+        size looks like an int, so this is decided here, before it traces.
+
+        Equal values at one shape can be a coincidence too (batch x heads
+        equal to the sequence length); equal at every shape compiled so far
+        they rarely are, and a pair that stops being equal fails its guard
+        and compiles again without it."""
         from torch._dynamo.pgo import auto_dynamic, auto_unset, CodeId, get_code_state
 
         graph_module = self.graph_module()
         if graph_module is None or not self.related_dims:
-            return None
+            return None, ()
+        self.compiled_shapes.append(
+            tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else None for t in inputs)
+        )
         state = get_code_state().get(CodeId.make(graph_module.forward.__code__))
         if state is None:
-            return None
+            return None, ()
         seen = state.automatic_dynamic
 
         def changes(recorded: Any, value: int) -> bool:
@@ -1305,10 +1329,24 @@ class _CompiledBackward:
                 return True
             return any(changes(entry.size[d], tensor.size(d)) for d in range(begin, end))
 
-        return tuple(
+        applicable = tuple(
             size_is_dynamic(size_index) == dims_are_dynamic(tensor_index, begin, end)
             for size_index, tensor_index, begin, end in self.related_dims
         )
+        first_of_group: dict[tuple[int, ...], tuple[int, int]] = {}
+        equal_dims = []
+        for tensor_index in range(len(inputs)):
+            shapes = [compiled[tensor_index] for compiled in self.compiled_shapes]
+            if any(shape is None or len(shape) != len(shapes[-1]) for shape in shapes):
+                continue
+            for dim in range(len(shapes[-1])):
+                values = tuple(shape[dim] for shape in shapes)
+                if values[-1] <= 1 or not dims_are_dynamic(tensor_index, dim, dim + 1):
+                    continue
+                first = first_of_group.setdefault(values, (tensor_index, dim))
+                if first != (tensor_index, dim):
+                    equal_dims.append(((tensor_index, dim), first))
+        return applicable, tuple(equal_dims)
 
     def __call__(self, inputs: list[torch.Tensor], *other_inputs: list[Any]) -> Any:
         _RUNNING.enter(self.frontend)
