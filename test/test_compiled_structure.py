@@ -105,22 +105,31 @@ def is_graph_input(node):
 class ShapeCheckingCompiler(CountingCompiler):
     """Also records, per Dynamo graph, the size symbols that shapes in it use
     but no input tensor's dims are: lifted sizes that Dynamo knows no
-    relation of, which Inductor must index with div/mod arithmetic."""
+    relation of, which Inductor must index with div/mod arithmetic. And the
+    symbols of the input tensors' dims, by the value each dim has."""
 
     def __init__(self):
         super().__init__()
         self.unrelated_symbols = []
+        self.input_symbols_by_value = []
 
     def backend(self, graph_module, example_inputs):
         input_symbols, other_symbols = set(), set()
+        by_value = collections.defaultdict(set)
         for node in graph_module.graph.nodes:
-            symbols = shape_symbols(node.meta.get("example_value"))
+            value = node.meta.get("example_value")
+            symbols = shape_symbols(value)
             (input_symbols if is_graph_input(node) else other_symbols).update(symbols)
+            if is_graph_input(node) and symbols:
+                for size in value.shape:
+                    if isinstance(size, torch.SymInt):
+                        by_value[size.node.hint].add(size.node.expr)
         self.unrelated_symbols.append(other_symbols - input_symbols)
+        self.input_symbols_by_value.append(dict(by_value))
         return super().backend(graph_module, example_inputs)
 
 
-def test_once_sizes_are_dynamic_shapes_are_expressions_in_the_inputs_dims():
+def test_once_sizes_are_dynamic_shapes_are_expressions_in_one_symbol_per_changed_dim():
     torch.manual_seed(0)
     model = transformer_encoder()
     compiler = ShapeCheckingCompiler()
@@ -131,6 +140,13 @@ def test_once_sizes_are_dynamic_shapes_are_expressions_in_the_inputs_dims():
     # the views and expands of the backward still only use the input
     # tensors' dims.
     assert compiler.unrelated_symbols == [set(), set(), set()]
+    # Each lifted tensor's changed dim is a symbol of its own until the graph
+    # compares the dims equal at every compile: then all batch dims are one
+    # symbol, and all sequence dims another. A view between shapes spelled
+    # with two symbols for one size would leave Inductor an equality of
+    # products it cannot simplify.
+    last = compiler.input_symbols_by_value[-1]
+    assert len(last[5]) == 1 and len(last[14]) == 1
 
 
 def test_sizes_equal_by_coincidence_give_eagers_gradients_when_they_part():
@@ -144,42 +160,6 @@ def test_sizes_equal_by_coincidence_give_eagers_gradients_when_they_part():
         assert_grads_equal_eager(model, transformer_input(batch, seq), compiler)
     assert captures() == 1
     assert all(symbols == set() for symbols in compiler.unrelated_symbols)
-
-
-class InputSymbolsCompiler(CountingCompiler):
-    """Also records, per Dynamo graph, the size symbols of its input
-    tensors' dims, by the value each dim has at that compile."""
-
-    def __init__(self):
-        super().__init__()
-        self.symbols_by_value = []
-
-    def backend(self, graph_module, example_inputs):
-        symbols = collections.defaultdict(set)
-        for node in graph_module.graph.nodes:
-            value = node.meta.get("example_value")
-            if is_graph_input(node) and isinstance(value, torch.Tensor):
-                for size in value.shape:
-                    if isinstance(size, torch.SymInt):
-                        symbols[size.node.hint].add(size.node.expr)
-        self.symbols_by_value.append(dict(symbols))
-        return super().backend(graph_module, example_inputs)
-
-
-def test_lifted_dims_that_change_together_are_one_symbol():
-    # Each lifted tensor's dims become symbols of their own when they change.
-    # Dims equal at every compile (the batch size, the sequence length) are
-    # compared in the graph, and Dynamo makes each group one symbol: a view
-    # between shapes spelled with two such symbols would leave Inductor an
-    # equality of products it cannot simplify.
-    torch.manual_seed(0)
-    model = transformer_encoder()
-    compiler = InputSymbolsCompiler()
-    for batch, seq in [(4, 10), (5, 10), (5, 14)]:
-        assert_grads_equal_eager(model, transformer_input(batch, seq), compiler)
-    assert compiler.dynamo_compiles == 3
-    batch_symbols, seq_symbols = compiler.symbols_by_value[-1][5], compiler.symbols_by_value[-1][14]
-    assert len(batch_symbols) == 1 and len(seq_symbols) == 1
 
 
 # A program that trains test/models.py's mlp over changing batch sizes,
