@@ -147,6 +147,21 @@ def test_a_sparse_tensor_saved_for_backward_falls_back_to_eager_with_a_warning(
     assert captures() == 0
 
 
+
+def test_batched_gradients_fall_back_to_eager_with_a_warning():
+    # Dynamo cannot fake vmap's batched tensors ("meta converter nyi"): it
+    # graph-broke on them, an error under fullgraph=True. Legacy raises.
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        y = x.exp() * x
+        (jacobian,) = torch.autograd.grad(y, x, torch.eye(3), is_grads_batched=True)
+        return [jacobian]
+
+    with pytest.warns(UserWarning, match="batched .*is_grads_batched=True"):
+        check_against_eager(fn, COMPILERS["aot_eager"])
+    assert eager_fallbacks() == 1
+    assert captures() == 0
+
 def test_a_graph_dynamo_cannot_trace_runs_without_dynamo_with_a_warning():
     # libtorch's linalg_lstsq_backward calls numel() where residuals have a
     # gradient, which a FakeTensor with symbolic sizes refuses: Dynamo raises

@@ -317,6 +317,11 @@ void empty_call(AutogradCompilerCall& call) {
   call.pynode_objs.clear();
 }
 
+// vmap's batched tensors: torch.autograd.grad's is_grads_batched batches
+// with the legacy vmap (Batched), torch.func.vmap with FuncTorchBatched.
+const c10::DispatchKeySet kBatchedKeys(
+    {c10::DispatchKey::Batched, c10::DispatchKey::FuncTorchBatched});
+
 // Enough emptied calls for the largest graphs' nodes; beyond it they are
 // freed, so that one huge backward does not hold its calls for good.
 constexpr size_t kMaxPooledCalls = 4096;
@@ -422,6 +427,13 @@ class Collector {
             "passed in) has layout ",
             t.layout(),
             ", and Dynamo takes only strided tensors as graph inputs");
+        // The gradients torch.autograd.grad(..., is_grads_batched=True)
+        // feeds in are vmap's batched tensors, which Dynamo cannot fake.
+        TORCH_CHECK_NOT_IMPLEMENTED(
+            !t.defined() || !t.key_set().has_any(kBatchedKeys),
+            "a tensor the backward reads is batched (a gradient of "
+            "torch.autograd.grad(..., is_grads_batched=True), or of a vmap), "
+            "and Dynamo cannot take a batched tensor as a graph input");
         graph_.tensors.push_back(t);
       }
       record.tensor_ids.push_back(it->second);
