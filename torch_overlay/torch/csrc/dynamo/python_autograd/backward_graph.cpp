@@ -322,6 +322,28 @@ void empty_call(AutogradCompilerCall& call) {
 const c10::DispatchKeySet kBatchedKeys(
     {c10::DispatchKey::Batched, c10::DispatchKey::FuncTorchBatched});
 
+// Refuses (NotImplementedError: the backward runs on the eager engine) a
+// tensor Dynamo cannot take as a graph input.
+void check_dynamo_takes_as_input(const at::Tensor& t) {
+  if (!t.defined()) {
+    return;
+  }
+  // Dynamo raised IndexError reading a sparse tensor's strides.
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      t.layout() == c10::kStrided,
+      "a tensor the backward reads (saved for backward, or a gradient "
+      "passed in) has layout ",
+      t.layout(),
+      ", and Dynamo takes only strided tensors as graph inputs");
+  // torch.autograd.grad(..., is_grads_batched=True) feeds in batched
+  // gradients, which Dynamo cannot fake.
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !t.key_set().has_any(kBatchedKeys),
+      "a tensor the backward reads is batched (a gradient of "
+      "torch.autograd.grad(..., is_grads_batched=True), or of a vmap), "
+      "and Dynamo cannot take a batched tensor as a graph input");
+}
+
 // Enough emptied calls for the largest graphs' nodes; beyond it they are
 // freed, so that one huge backward does not hold its calls for good.
 constexpr size_t kMaxPooledCalls = 4096;
@@ -419,21 +441,7 @@ class Collector {
       auto [it, inserted] = tensor_ids_.try_emplace(
           t.unsafeGetTensorImpl(), graph_.tensors.size());
       if (inserted) {
-        // Dynamo fails on a sparse graph input (IndexError reading its
-        // strides); the eager engine handles it.
-        TORCH_CHECK_NOT_IMPLEMENTED(
-            !t.defined() || t.layout() == c10::kStrided,
-            "a tensor the backward reads (saved for backward, or a gradient "
-            "passed in) has layout ",
-            t.layout(),
-            ", and Dynamo takes only strided tensors as graph inputs");
-        // The gradients torch.autograd.grad(..., is_grads_batched=True)
-        // feeds in are vmap's batched tensors, which Dynamo cannot fake.
-        TORCH_CHECK_NOT_IMPLEMENTED(
-            !t.defined() || !t.key_set().has_any(kBatchedKeys),
-            "a tensor the backward reads is batched (a gradient of "
-            "torch.autograd.grad(..., is_grads_batched=True), or of a vmap), "
-            "and Dynamo cannot take a batched tensor as a graph input");
+        check_dynamo_takes_as_input(t);
         graph_.tensors.push_back(t);
       }
       record.tensor_ids.push_back(it->second);
