@@ -162,6 +162,22 @@ def test_batched_gradients_fall_back_to_eager_with_a_warning():
     assert eager_fallbacks() == 1
     assert captures() == 0
 
+
+def test_a_nested_tensor_in_the_backward_falls_back_to_eager_with_a_warning():
+    # libtorch's compiled_args refuses nested tensors (compiled_autograd.h);
+    # the legacy engine raises that NotImplementedError.
+    def fn():
+        a = torch.randn(3, 4, requires_grad=True)
+        b = torch.randn(5, 4, requires_grad=True)
+        nested = torch.nested.as_nested_tensor([a, b], layout=torch.jagged)
+        (nested.sin() * 2).values().sum().backward()
+        return [a.grad, b.grad]
+
+    with pytest.warns(UserWarning, match="NestedTensor support not implemented"):
+        check_against_eager(fn, COMPILERS["aot_eager"])
+    assert eager_fallbacks() == 1
+    assert captures() == 0
+
 def test_a_graph_dynamo_cannot_trace_runs_without_dynamo_with_a_warning():
     # libtorch's linalg_lstsq_backward calls numel() where residuals have a
     # gradient, which a FakeTensor with symbolic sizes refuses: Dynamo raises
