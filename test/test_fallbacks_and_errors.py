@@ -6,6 +6,7 @@ test_distributed.py (test_ddp_cpp_reducer_*), in spawned processes: a gloo
 process group torn down inside a pytest process can deadlock it
 (docs/distributed.md, *Failures*)."""
 
+import copy
 import warnings
 
 import pytest
@@ -250,3 +251,45 @@ def test_torch_compile_with_config_compiled_autograd():
         torch._dynamo.config.compiled_autograd = False
     assert_same(expected, [p.grad for p in model.parameters()])
     assert captures() == 1
+
+
+
+def test_a_backward_in_a_torch_compiled_function_leaves_dynamo_only_that_function_and_the_graphs(
+    monkeypatch,
+):
+    # The backward runs at the compiled function's graph break, with its
+    # frame callback set: Dynamo compiled the Python the engine called
+    # (weakref's functions while capturing, a guard's lambda on every hit).
+    from torch._dynamo import convert_frame
+
+    traced_files = []
+    compile_frame = convert_frame._compile
+
+    def recording_compile(code, *args, **kwargs):
+        traced_files.append(code.co_filename)
+        return compile_frame(code, *args, **kwargs)
+
+    monkeypatch.setattr(convert_frame, "_compile", recording_compile)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 1))
+    eager_model = copy.deepcopy(model)
+    torch._dynamo.config.compiled_autograd = True
+    try:
+
+        @torch.compile(backend="aot_eager", dynamic=True)
+        def train_step(x):
+            loss = model(x).pow(2).mean()
+            loss.backward()
+
+        for batch in (5, 6, 7):
+            x = torch.randn(batch, 4)
+            train_step(x)
+            eager_model(x).pow(2).mean().backward()
+            assert_same(
+                [p.grad for p in eager_model.parameters()], [p.grad for p in model.parameters()]
+            )
+    finally:
+        torch._dynamo.config.compiled_autograd = False
+    assert captures() == 1
+    graphs = [name for name in traced_files if name.startswith("<eval_with_key>.compiled_autograd.")]
+    assert graphs
+    assert [name for name in traced_files if name != __file__ and name not in graphs] == []

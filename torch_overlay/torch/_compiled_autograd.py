@@ -1194,7 +1194,10 @@ class _DynamoCacheHit:
     def run(self, *args: Any) -> Any:
         """Runs the compiled graph on ``args`` (the graph's ``forward``
         arguments, ``self`` first) if a cache entry's guards pass, else
-        returns ``MISS``."""
+        returns ``MISS``. The engine calls it with Dynamo's frame callback off
+        (engine.cpp, ``DynamoFrameCallbackOff``), as Dynamo runs a hit: neither
+        the guards (some are Python lambdas) nor the entry's code are Dynamo's
+        to compile."""
         stance = _dynamo_eval_frame._stance
         if (
             stance.stance != "default"
@@ -1214,14 +1217,7 @@ class _DynamoCacheHit:
             function = self.function_running(entry.code)
             if function is None:
                 return self.MISS
-            # The code runs as Dynamo runs it on a hit: nested frames (the
-            # compiled function is itself behind a disable wrapper) are not
-            # Dynamo's to compile, whichever callback the caller had set.
-            prior = _dynamo_eval_frame.set_eval_frame(None)
-            try:
-                return function(*args)
-            finally:
-                _dynamo_eval_frame.set_eval_frame(prior)
+            return function(*args)
         return self.MISS
 
     def function_running(self, code: types.CodeType) -> Optional[types.FunctionType]:

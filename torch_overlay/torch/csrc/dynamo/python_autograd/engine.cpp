@@ -20,6 +20,7 @@
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 
 #include <array>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -35,6 +36,38 @@ namespace {
 py::module_ python_engine() {
   return py::module_::import("torch._compiled_autograd");
 }
+
+// Turns Dynamo's frame callback off in this thread while the engine's own
+// Python runs. A backward called inside a torch.compile'd function (at its
+// graph break) inherits that function's callback, and Dynamo compiled the
+// frames the engine calls: weakref's functions while capturing, a guard's
+// Python lambda on every cache hit. What compiler_fn made of a graph sets
+// its own callback when called. User code the engine runs outside a
+// compiled graph (final callbacks, the eager fallback) keeps the caller's.
+class DynamoFrameCallbackOff {
+ public:
+  DynamoFrameCallbackOff() : prior_(set_eval_frame()(py::none())) {}
+  ~DynamoFrameCallbackOff() {
+    try {
+      set_eval_frame()(prior_);
+    } catch (const py::error_already_set&) {
+      // set_eval_frame only swaps a thread-state pointer.
+    }
+  }
+  DynamoFrameCallbackOff(const DynamoFrameCallbackOff&) = delete;
+  DynamoFrameCallbackOff& operator=(const DynamoFrameCallbackOff&) = delete;
+
+ private:
+  static const py::object& set_eval_frame() {
+    // Leaked: destroying it after the interpreter has finalized would crash.
+    static const auto* function = new py::object(
+        py::module_::import("torch._C._dynamo.eval_frame")
+            .attr("set_eval_frame"));
+    return *function;
+  }
+
+  py::object prior_;
+};
 
 struct CompiledGraph {
   py::object compiled;
@@ -360,9 +393,11 @@ variable_list run_backward(
   if (auto why = unsupported_mode()) {
     return run_on_eager_engine(graph_root, graph_task, *why);
   }
+  std::optional<DynamoFrameCallbackOff> callback_off(std::in_place);
   auto collected = collect_backward_graph(
       graph_root, graph_task, accumulate_grad, outputs.size());
   if (auto* why = std::get_if<Unsupported>(&collected)) {
+    callback_off.reset();
     return run_on_eager_engine(graph_root, graph_task, *why);
   }
   BackwardGraph& graph = std::get<BackwardGraph>(collected);
@@ -370,6 +405,7 @@ variable_list run_backward(
   py::object compiled = compiled_graph_for(graph);
   detach_saved_values(graph, graph_task.keep_graph_);
   variable_list grads = run_compiled(compiled, graph);
+  callback_off.reset();
   finish(graph, graph_task);
   return grads;
 }
