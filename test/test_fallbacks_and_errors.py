@@ -293,3 +293,39 @@ def test_a_backward_in_a_torch_compiled_function_leaves_dynamo_only_that_functio
     graphs = [name for name in traced_files if name.startswith("<eval_with_key>.compiled_autograd.")]
     assert graphs
     assert [name for name in traced_files if name != __file__ and name not in graphs] == []
+
+
+def test_torch_compile_with_config_compiled_autograd_builds_the_backward_compiler_only_to_capture(
+    monkeypatch,
+):
+    # Upstream built it (a copy of Inductor's whole config) on every call of
+    # the compiled function, ~0.4 ms, on both engines (patches/0012).
+    from torch._dynamo import eval_frame
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    eager_model = copy.deepcopy(model)
+    torch._dynamo.config.compiled_autograd = True
+    try:
+
+        @torch.compile(backend="aot_eager")
+        def train_step(x):
+            loss = model(x).sum()
+            loss.backward()
+
+        builds = []
+        build_context = eval_frame.optimize
+
+        def counting_build(*args, **kwargs):
+            builds.append(args)
+            return build_context(*args, **kwargs)
+
+        monkeypatch.setattr(eval_frame, "optimize", counting_build)
+        for _ in range(4):
+            x = torch.randn(5, 4)
+            train_step(x)
+            eager_model(x).sum().backward()
+    finally:
+        torch._dynamo.config.compiled_autograd = False
+    assert_same([p.grad for p in eager_model.parameters()], [p.grad for p in model.parameters()])
+    assert captures() == 1
+    assert len(builds) == 1
