@@ -231,6 +231,23 @@ def test_unknown_engine_name_is_refused():
             pass
 
 
+def compiled_train_step(model, loss_fn, **compile_options):
+    """torch.compile (aot_eager) of a step computing ``loss_fn(model(x))`` and
+    its backward, made with torch._dynamo.config.compiled_autograd on: the
+    backward it calls runs on compiled autograd. Dynamo reads that option
+    when torch.compile is called."""
+    torch._dynamo.config.compiled_autograd = True
+    try:
+
+        @torch.compile(backend="aot_eager", **compile_options)
+        def train_step(x):
+            loss_fn(model(x)).backward()
+
+    finally:
+        torch._dynamo.config.compiled_autograd = False
+    return train_step
+
+
 def test_torch_compile_with_config_compiled_autograd():
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
     x = torch.randn(5, 4)
@@ -238,20 +255,9 @@ def test_torch_compile_with_config_compiled_autograd():
     expected = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
 
-    torch._dynamo.config.compiled_autograd = True
-    try:
-
-        @torch.compile(backend="aot_eager")
-        def train_step(x):
-            loss = model(x).sum()
-            loss.backward()
-
-        train_step(x)
-    finally:
-        torch._dynamo.config.compiled_autograd = False
+    compiled_train_step(model, torch.sum)(x)
     assert_same(expected, [p.grad for p in model.parameters()])
     assert captures() == 1
-
 
 
 def test_a_backward_in_a_torch_compiled_function_leaves_dynamo_only_that_function_and_the_graphs(
@@ -272,23 +278,16 @@ def test_a_backward_in_a_torch_compiled_function_leaves_dynamo_only_that_functio
     monkeypatch.setattr(convert_frame, "_compile", recording_compile)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 1))
     eager_model = copy.deepcopy(model)
-    torch._dynamo.config.compiled_autograd = True
-    try:
 
-        @torch.compile(backend="aot_eager", dynamic=True)
-        def train_step(x):
-            loss = model(x).pow(2).mean()
-            loss.backward()
+    def mean_square(output):
+        return output.pow(2).mean()
 
-        for batch in (5, 6, 7):
-            x = torch.randn(batch, 4)
-            train_step(x)
-            eager_model(x).pow(2).mean().backward()
-            assert_same(
-                [p.grad for p in eager_model.parameters()], [p.grad for p in model.parameters()]
-            )
-    finally:
-        torch._dynamo.config.compiled_autograd = False
+    train_step = compiled_train_step(model, mean_square, dynamic=True)
+    for batch in (5, 6, 7):
+        x = torch.randn(batch, 4)
+        train_step(x)
+        mean_square(eager_model(x)).backward()
+        assert_same([p.grad for p in eager_model.parameters()], [p.grad for p in model.parameters()])
     assert captures() == 1
     graphs = [name for name in traced_files if name.startswith("<eval_with_key>.compiled_autograd.")]
     assert graphs
@@ -304,28 +303,19 @@ def test_torch_compile_with_config_compiled_autograd_builds_the_backward_compile
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     eager_model = copy.deepcopy(model)
-    torch._dynamo.config.compiled_autograd = True
-    try:
+    train_step = compiled_train_step(model, torch.sum)
+    builds = []
+    build_context = eval_frame.optimize
 
-        @torch.compile(backend="aot_eager")
-        def train_step(x):
-            loss = model(x).sum()
-            loss.backward()
+    def counting_build(*args, **kwargs):
+        builds.append(args)
+        return build_context(*args, **kwargs)
 
-        builds = []
-        build_context = eval_frame.optimize
-
-        def counting_build(*args, **kwargs):
-            builds.append(args)
-            return build_context(*args, **kwargs)
-
-        monkeypatch.setattr(eval_frame, "optimize", counting_build)
-        for _ in range(4):
-            x = torch.randn(5, 4)
-            train_step(x)
-            eager_model(x).sum().backward()
-    finally:
-        torch._dynamo.config.compiled_autograd = False
+    monkeypatch.setattr(eval_frame, "optimize", counting_build)
+    for _ in range(4):
+        x = torch.randn(5, 4)
+        train_step(x)
+        eager_model(x).sum().backward()
     assert_same([p.grad for p in eager_model.parameters()], [p.grad for p in model.parameters()])
     assert captures() == 1
     assert len(builds) == 1
