@@ -127,6 +127,15 @@ def test_in_place_modification_of_saved_tensor_raises_eagers_error_without_a_fal
     assert fallback_warnings(caught) == []
 
 
+def check_backward_falls_back_to_eager(fn, warning):
+    """``fn``'s backward runs on the eager engine, with a warning matching
+    ``warning``, captures nothing, and gives eager's gradients."""
+    with pytest.warns(UserWarning, match=warning):
+        check_against_eager(fn, COMPILERS["aot_eager"])
+    assert eager_fallbacks() == 1
+    assert captures() == 0
+
+
 @pytest.mark.parametrize(
     "layout, name", [(torch.sparse_coo, "Sparse"), (torch.sparse_csr, "SparseCsr")]
 )
@@ -142,11 +151,7 @@ def test_a_sparse_tensor_saved_for_backward_falls_back_to_eager_with_a_warning(
         (sparse @ weight).sum().backward()
         return [sparse.grad.layout, sparse.grad.to_dense(), weight.grad]
 
-    with pytest.warns(UserWarning, match=f"has layout {name}, and Dynamo takes only strided"):
-        check_against_eager(fn, COMPILERS["aot_eager"])
-    assert eager_fallbacks() == 1
-    assert captures() == 0
-
+    check_backward_falls_back_to_eager(fn, f"has layout {name}, and Dynamo takes only strided")
 
 
 def test_batched_gradients_fall_back_to_eager_with_a_warning():
@@ -158,10 +163,7 @@ def test_batched_gradients_fall_back_to_eager_with_a_warning():
         (jacobian,) = torch.autograd.grad(y, x, torch.eye(3), is_grads_batched=True)
         return [jacobian]
 
-    with pytest.warns(UserWarning, match="batched .*is_grads_batched=True"):
-        check_against_eager(fn, COMPILERS["aot_eager"])
-    assert eager_fallbacks() == 1
-    assert captures() == 0
+    check_backward_falls_back_to_eager(fn, "batched .*is_grads_batched=True")
 
 
 def test_a_nested_tensor_in_the_backward_falls_back_to_eager_with_a_warning():
@@ -174,10 +176,8 @@ def test_a_nested_tensor_in_the_backward_falls_back_to_eager_with_a_warning():
         (nested.sin() * 2).values().sum().backward()
         return [a.grad, b.grad]
 
-    with pytest.warns(UserWarning, match="NestedTensor support not implemented"):
-        check_against_eager(fn, COMPILERS["aot_eager"])
-    assert eager_fallbacks() == 1
-    assert captures() == 0
+    check_backward_falls_back_to_eager(fn, "NestedTensor support not implemented")
+
 
 def test_a_graph_dynamo_cannot_trace_runs_without_dynamo_with_a_warning():
     # libtorch's linalg_lstsq_backward calls numel() where residuals have a
