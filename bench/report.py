@@ -155,6 +155,74 @@ def split_dynamic(model: dict[str, Any], steps: list[dict[str, Any]]) -> list[tu
     return [(label, s) for label, s in phases if s]
 
 
+OVERHEAD_MODEL = "elementwise20"  # the issue's 20-op graph: its ratio is a target of its own
+
+SUMMARY_HEADER = [
+    "engine", "steady vs eager, geomean", "worst steady vs eager", "steady slower than legacy",
+    "20-op graph steady vs eager",
+    "worst capture vs legacy", "worst first bwd vs legacy", "most fx nodes per autograd node",
+    "most peak mem vs eager", "most captures / Dynamo compiles over a shape sequence",
+]
+
+
+def worst(values: Sequence[tuple[str, float]], spec: str, suffix: str = "x") -> str:
+    """The largest value and the model it came from."""
+    if not values:
+        return ""
+    name, value = max(values, key=lambda item: item[1])
+    return f"{value:{spec}}{suffix} ({name})"
+
+
+def summary_table(models: Sequence[dict[str, Any]]) -> list[list[str]]:
+    """One row per compiled engine with what the issue's targets are about, each the
+    geomean or the worst model, so a target is read off without recomputing."""
+    engines = [e for e in dict.fromkeys(e for m in models for e in m["engines"]) if e != "eager"]
+    rows = []
+    for name in engines:
+        steady, overhead, capture, first, fx_per_node, memory, shapes = [], [], [], [], [], [], []
+        slower_than_legacy = []
+        for model in models:
+            engine, legacy = model["engines"].get(name), model["engines"].get("legacy")
+            eager = model["engines"].get("eager")
+            if engine is None or eager is None:
+                continue
+            label = model["name"]
+            if engine["steady_ratio"] is not None:
+                (overhead if label == OVERHEAD_MODEL else steady).append((label, engine["steady_ratio"]))
+            if legacy is not None and name != "legacy":
+                mine, legacys = engine["steady_ratio"], legacy["steady_ratio"]
+                if mine is not None and legacys is not None and mine > legacys:
+                    slower_than_legacy.append(label)
+                for target, key in ((capture, "capture_s"), (first, "first_s")):
+                    value = ratio(engine[key], legacy[key])
+                    if value is not None:
+                        target.append((label, value))
+            if engine["fx_nodes"] and model["autograd_nodes"]:
+                fx_per_node.append((label, max(engine["fx_nodes"]) / model["autograd_nodes"]))
+            if ratio(engine["peak_bytes"], eager["peak_bytes"]) is not None:
+                memory.append((label, ratio(engine["peak_bytes"], eager["peak_bytes"])))
+            run = model["dynamic"].get(name)
+            if run and run["steps"] and not run["error"]:
+                captures = sum(s["captures"] for s in run["steps"])
+                compiles = sum(s["dynamo_compiles"] for s in run["steps"])
+                shapes.append((label, captures, compiles))
+        geomean = statistics.geometric_mean([v for _, v in steady]) if steady else None
+        most_shapes = max(shapes, key=lambda item: item[1:], default=None)
+        rows.append([
+            name,
+            fmt(geomean, ".2f", f"x over {len(steady)} model" + ("s" if len(steady) > 1 else "")),
+            worst(steady, ".2f"),
+            "" if name == "legacy" else ", ".join(slower_than_legacy) or "none",
+            "".join(fmt(v, ".2f", "x") for _, v in overhead),
+            worst(capture, ".3f"),
+            worst(first, ".2f"),
+            worst(fx_per_node, ".1f", ""),
+            worst(memory, ".2f"),
+            "" if most_shapes is None else f"{most_shapes[1]} / {most_shapes[2]} ({most_shapes[0]})",
+        ])
+    return rows
+
+
 PHASE_HEADER = [
     "model", "first backward (s)", "steady state (s)", "memory (s)", "dynamic shapes (s)", "total (s)",
     "CPU used by other processes during steady state",
@@ -203,6 +271,15 @@ def render_markdown(data: dict[str, Any]) -> str:
         "eager: below 1 is faster / smaller. Times in the first columns are steady-state",
         "medians; first-backward times are cold (fresh Dynamo and Inductor caches).",
         "How each number is measured: docs/performance.md, \"Methodology\".",
+        "",
+        "## The issue's targets, per compiled engine",
+        "",
+        "Read off the tables below: the geomean of the steady-state ratios over every model",
+        f"but `{OVERHEAD_MODEL}` (the 20-op graph, its own column), and for the other columns",
+        "the worst model, named. Shape sequences count the captures and Dynamo compiles of all",
+        "their steps (from a warm cache at the standard shape).",
+        "",
+        table(SUMMARY_HEADER, summary_table(models)),
         "",
         "## Per model and engine",
         "",

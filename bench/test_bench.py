@@ -49,9 +49,27 @@ def test_dynamic_sequence_recorded(results: dict) -> None:
 
 def test_markdown_has_every_table(results: dict) -> None:
     markdown = results["markdown"]
-    for heading in ("## Per model and engine", "## Dynamic shapes", "## Where the benchmark's time went"):
+    for heading in (
+        "## The issue's targets", "## Per model and engine", "## Dynamic shapes", "## Where the benchmark's time went"
+    ):
         assert heading in markdown
     assert markdown == report.render_markdown({k: v for k, v in results.items() if k != "markdown"})
+
+
+def test_summary_reads_the_targets_off_the_per_model_numbers(results: dict) -> None:
+    (model,) = results["models"]
+    rows = {row[0]: row for row in report.summary_table(results["models"])}
+    assert set(rows) == set(bench.ENGINES) - {"eager"}
+    for name, row in rows.items():
+        engine = model["engines"][name]
+        if engine["steady_ratio"] is not None:
+            assert row[1] == f"{engine['steady_ratio']:.2f}x over 1 model"
+            assert row[2] == f"{engine['steady_ratio']:.2f}x (mlp)"
+        run = model["dynamic"][name]
+        if not run["error"]:
+            captures = sum(s["captures"] for s in run["steps"])
+            compiles = sum(s["dynamo_compiles"] for s in run["steps"])
+            assert row[-1] == f"{captures} / {compiles} (mlp)"
 
 
 def test_failure_is_recorded_not_raised(tmp_path: pathlib.Path) -> None:
