@@ -199,8 +199,9 @@ def summary_table(models: Sequence[dict[str, Any]]) -> list[list[str]]:
                         target.append((label, value))
             if engine["fx_nodes"] and model["autograd_nodes"]:
                 fx_per_node.append((label, max(engine["fx_nodes"]) / model["autograd_nodes"]))
-            if ratio(engine["peak_bytes"], eager["peak_bytes"]) is not None:
-                memory.append((label, ratio(engine["peak_bytes"], eager["peak_bytes"])))
+            peak = ratio(engine["peak_bytes"], eager["peak_bytes"])
+            if peak is not None:
+                memory.append((label, peak))
             run = model["dynamic"].get(name)
             if run and run["steps"] and not run["error"]:
                 captures = sum(s["captures"] for s in run["steps"])
