@@ -134,8 +134,7 @@ def dynamic_table(models: Sequence[dict[str, Any]]) -> list[list[str]]:
                     model["name"],
                     run["engine"],
                     f"{label}: {shapes}",
-                    str(sum(s["captures"] for s in steps)),
-                    str(sum(s["dynamo_compiles"] for s in steps)),
+                    *(str(count) for count in captures_and_compiles(steps)),
                     ", ".join(f"{s['captures']}/{s['dynamo_compiles']}" for s in steps),
                     fmt(sum(s["seconds"] for s in steps), ".2f"),
                     *after_cells,
@@ -143,6 +142,11 @@ def dynamic_table(models: Sequence[dict[str, Any]]) -> list[list[str]]:
             if run["error"]:
                 rows.append([model["name"], run["engine"], f"error: {run['error']}", "", "", "", "", "", ""])
     return rows
+
+
+def captures_and_compiles(steps: Sequence[dict[str, Any]]) -> tuple[int, int]:
+    """Captures and Dynamo compiles that a run of shape-sequence steps caused."""
+    return sum(s["captures"] for s in steps), sum(s["dynamo_compiles"] for s in steps)
 
 
 def split_dynamic(model: dict[str, Any], steps: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
@@ -204,9 +208,7 @@ def summary_table(models: Sequence[dict[str, Any]]) -> list[list[str]]:
                 memory.append((label, peak))
             run = model["dynamic"].get(name)
             if run and run["steps"] and not run["error"]:
-                captures = sum(s["captures"] for s in run["steps"])
-                compiles = sum(s["dynamo_compiles"] for s in run["steps"])
-                shapes.append((label, captures, compiles))
+                shapes.append((label, *captures_and_compiles(run["steps"])))
         geomean = statistics.geometric_mean([v for _, v in steady]) if steady else None
         most_shapes = max(shapes, key=lambda item: item[1:], default=None)
         rows.append([
