@@ -100,6 +100,39 @@ def test_error_in_hook_propagates_and_engine_stays_usable(compiler_name):
     assert torch.equal(z.grad, 2 * z)
 
 
+@pytest.mark.parametrize("returned", [None, 3], ids=["None", "int"])
+def test_a_compiler_fn_returning_a_non_callable_is_refused_and_not_cached(returned):
+    x = torch.randn(3, requires_grad=True)
+    with compiled_autograd(lambda gm: returned):
+        with pytest.raises(TypeError, match="compiler_fn returned .*, not a callable"):
+            (x.exp() * x).sum().backward()
+    assert x.grad is None
+    with compiled_autograd():
+        (x.exp() * x).sum().backward()
+    assert_same(x.grad, x.exp() * x + x.exp())
+
+
+@pytest.mark.parametrize(
+    "result, message",
+    [
+        (lambda grads: None, "returned NoneType"),
+        (lambda grads: [*grads, None], "returned a sequence of length 2 for a graph of 1 outputs"),
+        (lambda grads: ["a gradient"], "returned a str where a gradient belongs"),
+    ],
+    ids=["None", "too_many", "not_a_tensor"],
+)
+def test_a_compiled_function_returning_wrong_gradients_raises_a_type_error_naming_compiler_fn(
+    result, message
+):
+    def compiler(gm):
+        return lambda *inputs: result(gm(*inputs))
+
+    x = torch.randn(3, requires_grad=True)
+    with compiled_autograd(compiler):
+        with pytest.raises(TypeError, match=f"compiler_fn returned for a captured graph {message}"):
+            torch.autograd.grad((x * x).sum(), [x])
+
+
 def fallback_warnings(caught):
     return [w for w in caught if "ran this backward with eager autograd" in str(w.message)]
 

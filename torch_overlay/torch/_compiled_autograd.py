@@ -1043,6 +1043,14 @@ def _capture(
         )
     with frontend.make_compile_context(compile_id):
         compiled = _installation.compiler_fn(graph_module)
+    if not callable(compiled):
+        # Refused before it is cached: every later backward of this structure
+        # would otherwise fail calling it, whatever compiler_fn is installed then.
+        raise TypeError(
+            f"compiled autograd's compiler_fn returned {type(compiled).__name__}, not a "
+            "callable: it must return what runs the captured GraphModule it is given, "
+            "e.g. `lambda gm: torch.compile(gm)` or the GraphModule itself"
+        )
     return _CompiledBackward(
         compile_id, compiled, _installation.symbolic_sizes, graph_module, related_dims
     )

@@ -12,6 +12,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/input_buffer.h>
 #include <torch/csrc/autograd/python_function.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/dynamo/python_autograd/backward_graph.h>
 #include <torch/csrc/dynamo/python_autograd/node_apply.h>
 #include <torch/csrc/dynamo/python_autograd/size_relations.h>
@@ -330,6 +331,46 @@ py::object scalar_to_python(const c10::IValue& scalar) {
   return py::cast(scalar.toSymInt());
 }
 
+// What compiler_fn made of a captured graph must return what the GraphModule
+// returns; a user's compiler that does not is told so, not given an internal
+// assert or a bare "not iterable".
+[[noreturn]] void refuse_compiled_result(const std::string& what) {
+  TORCH_CHECK_TYPE(
+      false,
+      "compiled autograd: the function that compiler_fn returned for a captured "
+      "graph ",
+      what,
+      "; it must return what calling the captured GraphModule returns: a list "
+      "with one gradient (a Tensor or None) per graph output");
+}
+
+variable_list gradients_returned(const py::object& result, size_t num_outputs) {
+  if (!PyList_Check(result.ptr()) && !PyTuple_Check(result.ptr())) {
+    refuse_compiled_result(
+        "returned " + std::string(Py_TYPE(result.ptr())->tp_name));
+  }
+  auto values = py::reinterpret_borrow<py::sequence>(result);
+  if (values.size() != num_outputs) {
+    refuse_compiled_result(
+        "returned a sequence of length " + std::to_string(values.size()) +
+        " for a graph of " + std::to_string(num_outputs) + " outputs");
+  }
+  variable_list grads;
+  grads.reserve(num_outputs);
+  for (const auto& grad : values) {
+    if (grad.is_none()) {
+      grads.emplace_back();
+    } else if (THPVariable_Check(grad.ptr())) {
+      grads.emplace_back(THPVariable_Unpack(grad.ptr()));
+    } else {
+      refuse_compiled_result(
+          "returned a " + std::string(Py_TYPE(grad.ptr())->tp_name) +
+          " where a gradient belongs");
+    }
+  }
+  return grads;
+}
+
 variable_list run_compiled(const py::object& compiled, BackwardGraph& graph) {
   // The compiled graph may steal this list and free each tensor after its
   // last use; nothing else may keep them alive (see detach_saved_values).
@@ -351,17 +392,7 @@ variable_list run_compiled(const py::object& compiled, BackwardGraph& graph) {
   }
   graph.packed_data.clear();
   py::object result = compiled(tensors, sizes, scalars, hooks, packed_data);
-  variable_list grads;
-  for (const auto& grad : result) {
-    grads.emplace_back(grad.is_none() ? at::Tensor() : py::cast<at::Tensor>(grad));
-  }
-  TORCH_INTERNAL_ASSERT(
-      grads.size() == graph.num_outputs,
-      "captured graph returned ",
-      grads.size(),
-      " gradients, expected ",
-      graph.num_outputs);
-  return grads;
+  return gradients_returned(result, graph.num_outputs);
 }
 
 // What the eager engine does after the last node: free saved variables
