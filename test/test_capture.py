@@ -107,6 +107,7 @@ def forward(self, inputs, sizes, scalars, hooks, packed_data):
     apply_with_saved_2 = torch._compiled_autograd.apply_with_saved(2, [call_hook], [getitem_1], related_sizes, (2, 3), scalars, (0, 0));  call_hook = related_sizes = scalars = None
     getitem_5 = apply_with_saved_2[0];  apply_with_saved_2 = None
     accumulate_grad = torch._compiled_autograd.accumulate_grad(getitem_1, getitem_5);  getitem_1 = getitem_5 = accumulate_grad = None
+    _exec_final_callbacks_stub = torch__dynamo_external_utils__exec_final_callbacks_stub();  _exec_final_callbacks_stub = None
     return []""",
         )
 

@@ -150,3 +150,52 @@ def test_hooks_with_side_effects_under_inductor():
         return [p.grad for p in model.parameters()] + seen + accumulated
 
     check_against_eager(fn, dynamo_compiler("inductor"), exact=False)
+
+
+FULLGRAPH_COMPILERS = {
+    "no_dynamo": COMPILERS["no_dynamo"],
+    # Dynamo traces queue_callback only with fullgraph=True (its own assertion
+    # says so otherwise, on both engines).
+    "eager": lambda gm: torch.compile(gm, backend="eager", fullgraph=True),
+    "aot_eager": lambda gm: torch.compile(gm, backend="aot_eager", fullgraph=True),
+}
+
+
+@pytest.mark.parametrize("compiler_name", sorted(FULLGRAPH_COMPILERS))
+def test_callbacks_queued_by_a_hook_run_after_the_backward(compiler_name):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        seen = []
+
+        def queue(g):
+            torch.autograd.Variable._execution_engine.queue_callback(
+                lambda: seen.append(x.grad.sum())
+            )
+            return g * 2
+
+        y = x.exp()
+        y.register_hook(queue)
+        y.sum().backward()
+        return [x.grad, torch.stack(seen)]
+
+    check_against_eager(fn, FULLGRAPH_COMPILERS[compiler_name])
+
+
+def test_a_hook_registered_from_a_queued_callback_runs_in_the_next_backward():
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+
+        def register_after_backward(g):
+            torch.autograd.Variable._execution_engine.queue_callback(
+                lambda: x.register_hook(lambda g: g * 5)
+            )
+            return g
+
+        y = x.exp()
+        y.register_hook(register_after_backward)
+        y.sum().backward()
+        first = x.grad.clone()
+        (x * 2).sum().backward()
+        return [first, x.grad]
+
+    check_against_eager(fn)

@@ -48,6 +48,7 @@ import torch._inductor.config
 import torch.fx
 from torch import _compiled_autograd_C as _C
 from torch._dynamo import eval_frame as _dynamo_eval_frame
+from torch._dynamo.external_utils import FakeCompiledAutogradEngine
 from torch._dynamo.utils import counters, set_locals_to_steal
 from torch._logging import getArtifactLogger, LazyString
 
@@ -903,6 +904,12 @@ def capture(
         sizes = recorder.related_sizes(sizes, tensors, tuple(related_dims))
     lifted = Lifted(tensors, sizes, scalars, hooks, packed_data)
     outputs = python_autograd(nodes, num_outputs, lifted, ops=recorder)
+    # Under Dynamo with fullgraph=True, callbacks a traced hook queues with
+    # queue_callback go to a list of Dynamo's, which it runs where the graph
+    # calls this stub (as on the legacy engine); without it they never ran.
+    # Callbacks queued outside Dynamo's trace go to the engine, which runs
+    # them after the graph.
+    graph.call_function(FakeCompiledAutogradEngine._exec_final_callbacks_stub, ())
     graph.output(tracer.create_arg(outputs))
     graph_module = torch.fx.GraphModule(recorder.root, graph, "CompiledAutograd")
     _name_code_after_its_graph(graph_module, nodes)
