@@ -152,6 +152,72 @@ def test_hooks_with_side_effects_under_inductor():
     check_against_eager(fn, dynamo_compiler("inductor"), exact=False)
 
 
+def register_on_intermediate(x, y):
+    y.register_hook(lambda g: g * 10)
+
+
+def register_on_intermediate_with_a_hook(x, y):
+    register_on_intermediate(x, y)
+
+
+def register_on_leaf(x, y):
+    x.register_hook(lambda g: g * 10)
+
+
+def register_post_accumulate_grad_hook(x, y):
+    x.register_post_accumulate_grad_hook(lambda p: p.grad.mul_(10) and None)
+
+
+@pytest.mark.parametrize(
+    "register",
+    [
+        register_on_intermediate,
+        register_on_intermediate_with_a_hook,
+        register_on_leaf,
+        register_post_accumulate_grad_hook,
+    ],
+    ids=lambda register: register.__name__,
+)
+def test_a_hook_registering_a_hook_on_a_node_yet_to_run_raises_rather_than_skip_it(
+    compiler, register
+):
+    # Eager runs the new hook (x.grad 60 here); the captured graph could only
+    # run the hooks registered when the backward started (x.grad 6).
+    def backward():
+        x = torch.randn(3, requires_grad=True)
+        y = x * 2
+        if register is register_on_intermediate_with_a_hook:
+            y.register_hook(lambda g: g + 1)
+        z = y * 3
+        z.register_hook(lambda g: register(x, y) or g)
+        z.sum().backward()
+        return [x.grad]
+
+    with compiled_autograd(compiler):
+        with pytest.raises(RuntimeError, match="a hook was registered on .* while this backward ran"):
+            backward()
+
+
+def test_a_hook_removing_itself_after_it_ran_runs_as_in_eager(compiler):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        grads = []
+        handles = []
+
+        def once(g):
+            handles.pop().remove()
+            return g * 3
+
+        for _ in range(2):
+            y = x * 2
+            handles.append(y.register_hook(once))
+            (y * y).sum().backward()
+            grads.append(x.grad.clone())
+        return grads
+
+    check_against_eager(fn, compiler)
+
+
 FULLGRAPH_COMPILERS = {
     "no_dynamo": COMPILERS["no_dynamo"],
     # Dynamo traces queue_callback only with fullgraph=True (its own assertion

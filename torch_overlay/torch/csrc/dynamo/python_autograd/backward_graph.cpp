@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/python_function.h>
+#include <torch/csrc/autograd/python_hook.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
@@ -117,6 +118,52 @@ struct CppTensorPreHooks {
   }
   const torch::autograd::CppFunctionTensorPreHook& hooks;
 };
+
+// The Python hook types keep their functions in a dict; the types' type_info
+// is not exported either.
+size_t hook_functions(const std::type_info& type, const void* hook) {
+  using namespace torch::autograd;
+  const char* name = type.name();
+  PyObject* dict = nullptr;
+  if (std::strcmp(name, "N5torch8autograd23PyFunctionTensorPreHookE") == 0) {
+    dict = static_cast<const PyFunctionTensorPreHook*>(hook)->dict;
+  } else if (std::strcmp(name, "N5torch8autograd17PyFunctionPreHookE") == 0) {
+    dict = static_cast<const PyFunctionPreHook*>(hook)->dict;
+  } else if (std::strcmp(name, "N5torch8autograd18PyFunctionPostHookE") == 0) {
+    dict = static_cast<const PyFunctionPostHook*>(hook)->dict;
+  } else if (
+      std::strcmp(name, "N5torch8autograd32PyFunctionTensorPostAccGradHooksE") ==
+      0) {
+    dict = static_cast<const PyFunctionTensorPostAccGradHooks*>(hook)->dict;
+  } else if (std::strcmp(name, "N5torch8autograd24CppFunctionTensorPreHookE") == 0) {
+    const auto& functions = *static_cast<const CppFunctionTensorPreHook*>(hook)->hooks_;
+    return std::count_if(functions.begin(), functions.end(), [](const auto& f) {
+      return static_cast<bool>(f);
+    });
+  }
+  return dict == nullptr ? 1 : static_cast<size_t>(PyDict_Size(dict));
+}
+
+} // namespace
+
+size_t registered_hooks(Node& fn) {
+  size_t count = fn.retains_grad_hooks().size();
+  for (const auto& hook : fn.tensor_pre_hooks()) {
+    count += hook_functions(typeid(*hook), hook.get());
+  }
+  for (const auto& hook : fn.pre_hooks()) {
+    count += hook_functions(typeid(*hook), hook.get());
+  }
+  for (const auto& hook : fn.post_hooks()) {
+    count += hook_functions(typeid(*hook), hook.get());
+  }
+  if (const auto& hook = fn.tensor_post_acc_grad_hooks(); hook != nullptr) {
+    count += hook_functions(typeid(*hook), hook.get());
+  }
+  return count;
+}
+
+namespace {
 
 // Collects the node's hooks the way CompiledNodeArgs::collect(NodeCall) does,
 // but one hook at a time, so that Python and C++ tensor pre-hooks keep the
@@ -397,6 +444,7 @@ class Collector {
     }
 
     CompiledNodeArgs args(call, *record.node_call);
+    record.hooks_registered = registered_hooks(*fn);
     collect_hooks(args, record);
     record.edge_sizes_begin = 0;
     if (args.cond(record.needed)) {

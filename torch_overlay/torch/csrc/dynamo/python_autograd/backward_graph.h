@@ -112,6 +112,10 @@ struct NodeRecord {
   // a BackwardState: that object (an index into hooks), or -1.
   int backward_state = -1;
   std::vector<int> saved_layout;
+
+  // registered_hooks(*node) when the graph was collected: the captured graph
+  // runs these hooks, so one registered while it runs would not run.
+  size_t hooks_registered = 0;
 };
 
 struct BackwardGraph {
@@ -166,6 +170,10 @@ void detach_saved_values(BackwardGraph& graph, bool keep_graph);
 
 // C++ torch::autograd::Function nodes (CppNode<T>) announce whether they are
 // traceable only while being applied; see classify_custom_functions().
+// How many hook functions are registered on `node` now (tensor pre-hooks,
+// retain_grad's, pre-, post- and post-accumulate-grad hooks). GIL held.
+size_t registered_hooks(Node& node);
+
 bool is_cpp_custom_function(const Node& node);
 bool is_python_function(const Node& node);
 

@@ -395,14 +395,38 @@ variable_list run_compiled(const py::object& compiled, BackwardGraph& graph) {
   return gradients_returned(result, graph.num_outputs);
 }
 
-// What the eager engine does after the last node: free saved variables
-// unless retain_graph, then run callbacks queued with queue_callback.
-void finish(BackwardGraph& graph, const GraphTask& graph_task) {
+// A hook that registers a hook on a node of the running graph: the eager
+// engine would run the new hook if its node had not run yet, the captured
+// graph runs only those registered when it was collected. Which case it was
+// is not known here, so the backward fails rather than leave gradients that
+// may differ from eager's.
+void refuse_hooks_registered_while_running(const BackwardGraph& graph) {
+  for (const auto& record : graph.nodes) {
+    if (registered_hooks(*record.node) > record.hooks_registered) {
+      TORCH_CHECK(
+          false,
+          "compiled autograd: a hook was registered on ",
+          record.node->name(),
+          " (or on a tensor it computes the gradient of) while this backward ran. "
+          "The compiled backward runs the hooks that were registered when it "
+          "started, so this backward's gradients may differ from eager "
+          "autograd's. Register hooks before calling backward, or run this "
+          "backward under torch._dynamo.compiled_autograd._disable()");
+    }
+  }
+}
+
+void release_saved_variables(BackwardGraph& graph, const GraphTask& graph_task) {
   if (!graph_task.keep_graph_) {
     for (auto& record : graph.nodes) {
       record.node->release_variables();
     }
   }
+}
+
+// Callbacks queued with queue_callback run after the last node, as on the
+// eager engine.
+void run_final_callbacks(const GraphTask& graph_task) {
   auto& task = const_cast<GraphTask&>(graph_task);
   std::unique_lock<std::mutex> lock(task.final_callbacks_lock_);
   // A callback may queue more callbacks.
@@ -437,7 +461,9 @@ variable_list run_backward(
   detach_saved_values(graph, graph_task.keep_graph_);
   variable_list grads = run_compiled(compiled, graph);
   callback_off.reset();
-  finish(graph, graph_task);
+  release_saved_variables(graph, graph_task);
+  refuse_hooks_registered_while_running(graph);
+  run_final_callbacks(graph_task);
   return grads;
 }
 
