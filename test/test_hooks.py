@@ -101,7 +101,42 @@ def test_hook_returning_a_bad_value_raises_eagers_error(compiler, bad_hook):
     with compiled_autograd(compiler), pytest.raises(Exception) as compiled_error:
         backward_with_bad_hook()
     assert type(compiled_error.value) is type(eager_error.value)
-    assert str(eager_error.value).split(" (was")[0] in str(compiled_error.value)
+    assert str(eager_error.value) in str(compiled_error.value)
+
+
+NODE_HOOK_BAD_RESULTS = {
+    "post_hook_list": ("post", lambda grad_inputs, grad_outputs: list(grad_inputs)),
+    "post_hook_too_few": ("post", lambda grad_inputs, grad_outputs: grad_inputs[:1]),
+    "post_hook_not_a_tensor": ("post", lambda grad_inputs, grad_outputs: ("x", None)),
+    "post_hook_size": ("post", lambda grad_inputs, grad_outputs: (torch.ones(5), None)),
+    "post_hook_dtype": ("post", lambda grad_inputs, grad_outputs: (grad_inputs[0].double(), None)),
+    "post_hook_value_for_none": ("post", lambda grad_inputs, grad_outputs: (grad_inputs[0], torch.ones(()))),
+    "pre_hook_list": ("pre", lambda grad_outputs: list(grad_outputs)),
+    "pre_hook_too_many": ("pre", lambda grad_outputs: grad_outputs * 2),
+    "pre_hook_size": ("pre", lambda grad_outputs: (torch.ones(2),)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NODE_HOOK_BAD_RESULTS))
+def test_node_hook_returning_a_bad_value_raises_eagers_error(compiler, case):
+    kind, bad_hook = NODE_HOOK_BAD_RESULTS[case]
+
+    def backward_with_bad_hook():
+        x = torch.randn(3, requires_grad=True)
+        y = x * 2  # MulBackward0: gradients for x and for the constant (None)
+        z = y.exp()
+        if kind == "post":
+            y.grad_fn.register_hook(bad_hook)
+        else:
+            z.grad_fn.register_prehook(bad_hook)
+        z.sum().backward()
+
+    with pytest.raises(Exception) as eager_error:
+        backward_with_bad_hook()
+    with compiled_autograd(compiler), pytest.raises(Exception) as compiled_error:
+        backward_with_bad_hook()
+    assert type(compiled_error.value) is type(eager_error.value)
+    assert str(eager_error.value) in str(compiled_error.value)
 
 
 def test_saved_tensor_hooks_unpack_in_the_graph(compiler):

@@ -752,12 +752,20 @@ def call_hook(hook: Callable[..., Any], *args: Any, hook_type: str) -> Any:
     post-hooks see tuples, and a hook returning None changes nothing."""
     if hook_type == "pre_hook":
         (grads,) = args
-        result = hook(tuple(grads))
-        return list(grads) if result is None else list(result)
+        previous = tuple(grads)
+        result = hook(previous)
+        if result is None:
+            return list(grads)
+        _check_node_hook_result(previous, result, hook)
+        return list(result)
     if hook_type == "post_hook":
         outputs, grads = args
-        result = hook(tuple(outputs), tuple(grads))
-        return list(outputs) if result is None else list(result)
+        previous = tuple(outputs)
+        result = hook(previous, tuple(grads))
+        if result is None:
+            return list(outputs)
+        _check_node_hook_result(previous, result, hook)
+        return list(result)
     result = hook(*args)
     if hook_type == "unpack_hook":
         return result
@@ -771,21 +779,42 @@ def call_hook(hook: Callable[..., Any], *args: Any, hook_type: str) -> Any:
     return result
 
 
+def _check_node_hook_result(previous: tuple[Any, ...], result: Any, hook: Any) -> None:
+    """The checks (and messages) of the eager engine's check_result, for
+    what a node pre- or post-hook returned in place of ``previous``."""
+    if not isinstance(result, tuple):
+        raise TypeError(f"expected tuple, but hook returned '{type(result).__name__}'")
+    if len(result) != len(previous):
+        raise RuntimeError(
+            f"hook '{_hook_name(hook)}' has returned an incorrect number of values "
+            f"(got {len(result)}, but expected {len(previous)})"
+        )
+    for grad, new_grad in zip(previous, result):
+        if new_grad is None:
+            continue
+        if grad is None:
+            raise RuntimeError("can't replace a None gradient with a non-None value")
+        _check_tensor_hook_result(grad, new_grad, hook)
+
+
+def _hook_name(hook: Any) -> str:
+    name = getattr(hook, "__name__", None)
+    return name if isinstance(name, str) else "<unknown>"
+
+
 def _check_tensor_hook_result(grad: Optional[torch.Tensor], result: Any, hook: Any) -> None:
     """The checks (and messages) of the eager engine's check_single_result."""
     if not isinstance(result, torch.Tensor):
         raise TypeError(f"expected Variable, but hook returned '{type(result).__name__}'")
     if grad is None:
         raise RuntimeError("can't replace a empty gradient with a non-empty value")
-    name = getattr(hook, "__name__", type(hook).__name__)
+    name = _hook_name(hook)
     if result.dtype != grad.dtype or result.device != grad.device or result.layout != grad.layout:
         raise RuntimeError(
             f"hook '{name}' has changed the type of value (was {grad.type()} got {result.type()})"
         )
     if result.shape != grad.shape:
-        raise RuntimeError(
-            f"hook '{name}' has changed the size of value (was {grad.shape} got {result.shape})"
-        )
+        raise RuntimeError(f"hook '{name}' has changed the size of value")
 
 
 def accumulate(
