@@ -119,29 +119,46 @@ struct CppTensorPreHooks {
   const torch::autograd::CppFunctionTensorPreHook& hooks;
 };
 
-// The Python hook types keep their functions in a dict; the types' type_info
-// is not exported either.
-size_t hook_functions(const std::type_info& type, const void* hook) {
+// The dict holding a Python hook type's functions, if `hook` is a `Derived`
+// (recognised by its mangled name: its type_info is not exported), else null.
+template <typename Derived, typename Base>
+PyObject* python_hook_dict(const Base& hook, const char* mangled_name) {
+  return std::strcmp(typeid(hook).name(), mangled_name) == 0
+      ? static_cast<const Derived&>(hook).dict
+      : nullptr;
+}
+
+size_t functions_in(PyObject* dict) {
+  return dict == nullptr ? 1 : static_cast<size_t>(PyDict_Size(dict));
+}
+
+size_t hook_functions(const torch::autograd::FunctionPreHook& hook) {
   using namespace torch::autograd;
-  const char* name = type.name();
-  PyObject* dict = nullptr;
-  if (std::strcmp(name, "N5torch8autograd23PyFunctionTensorPreHookE") == 0) {
-    dict = static_cast<const PyFunctionTensorPreHook*>(hook)->dict;
-  } else if (std::strcmp(name, "N5torch8autograd17PyFunctionPreHookE") == 0) {
-    dict = static_cast<const PyFunctionPreHook*>(hook)->dict;
-  } else if (std::strcmp(name, "N5torch8autograd18PyFunctionPostHookE") == 0) {
-    dict = static_cast<const PyFunctionPostHook*>(hook)->dict;
-  } else if (
-      std::strcmp(name, "N5torch8autograd32PyFunctionTensorPostAccGradHooksE") ==
-      0) {
-    dict = static_cast<const PyFunctionTensorPostAccGradHooks*>(hook)->dict;
-  } else if (std::strcmp(name, "N5torch8autograd24CppFunctionTensorPreHookE") == 0) {
-    const auto& functions = *static_cast<const CppFunctionTensorPreHook*>(hook)->hooks_;
+  if (is_cpp_tensor_pre_hook(hook)) {
+    const auto& functions =
+        *static_cast<const CppFunctionTensorPreHook&>(hook).hooks_;
     return std::count_if(functions.begin(), functions.end(), [](const auto& f) {
       return static_cast<bool>(f);
     });
   }
-  return dict == nullptr ? 1 : static_cast<size_t>(PyDict_Size(dict));
+  PyObject* dict = python_hook_dict<PyFunctionTensorPreHook>(
+      hook, "N5torch8autograd23PyFunctionTensorPreHookE");
+  if (dict == nullptr) {
+    dict = python_hook_dict<PyFunctionPreHook>(
+        hook, "N5torch8autograd17PyFunctionPreHookE");
+  }
+  return functions_in(dict);
+}
+
+size_t hook_functions(const torch::autograd::FunctionPostHook& hook) {
+  return functions_in(python_hook_dict<torch::autograd::PyFunctionPostHook>(
+      hook, "N5torch8autograd18PyFunctionPostHookE"));
+}
+
+size_t hook_functions(const torch::autograd::PostAccumulateGradHook& hook) {
+  return functions_in(
+      python_hook_dict<torch::autograd::PyFunctionTensorPostAccGradHooks>(
+          hook, "N5torch8autograd32PyFunctionTensorPostAccGradHooksE"));
 }
 
 } // namespace
@@ -149,16 +166,16 @@ size_t hook_functions(const std::type_info& type, const void* hook) {
 size_t registered_hooks(Node& fn) {
   size_t count = fn.retains_grad_hooks().size();
   for (const auto& hook : fn.tensor_pre_hooks()) {
-    count += hook_functions(typeid(*hook), hook.get());
+    count += hook_functions(*hook);
   }
   for (const auto& hook : fn.pre_hooks()) {
-    count += hook_functions(typeid(*hook), hook.get());
+    count += hook_functions(*hook);
   }
   for (const auto& hook : fn.post_hooks()) {
-    count += hook_functions(typeid(*hook), hook.get());
+    count += hook_functions(*hook);
   }
   if (const auto& hook = fn.tensor_post_acc_grad_hooks(); hook != nullptr) {
-    count += hook_functions(typeid(*hook), hook.get());
+    count += hook_functions(*hook);
   }
   return count;
 }
