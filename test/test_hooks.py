@@ -300,3 +300,51 @@ def test_a_hook_registered_from_a_queued_callback_runs_in_the_next_backward():
         return [first, x.grad]
 
     check_against_eager(fn)
+
+
+class GradientNone(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None
+
+
+class Holder:
+    grad = None
+
+
+def kept_in_a_list():
+    kept = []
+    return kept.append, lambda: kept[0]
+
+
+def kept_in_a_dict():
+    kept = {}
+    return lambda grad: kept.update(grad=grad), lambda: kept["grad"]
+
+
+def kept_as_an_attribute():
+    kept = Holder()
+    return lambda grad: setattr(kept, "grad", grad), lambda: kept.grad
+
+
+@pytest.mark.parametrize(
+    "keeper", [kept_in_a_list, kept_in_a_dict, kept_as_an_attribute], ids=lambda k: k.__name__
+)
+def test_a_post_accumulate_grad_hook_keeping_a_grad_the_backward_left_unchanged(compiler, keeper):
+    # The hook runs although no gradient arrived, and what it keeps is the
+    # parameter's .grad as it was: Dynamo rebuilds the container after the
+    # graph from the parameter, an item of the input list the graph empties
+    # (patches/0013).
+    def fn():
+        w = torch.randn(3, requires_grad=True)
+        w.grad = torch.ones(3)
+        keep, kept = keeper()
+        w.register_post_accumulate_grad_hook(lambda p: keep(p.grad))
+        GradientNone.apply(w).sum().backward()
+        return [w.grad, kept(), torch.tensor([kept() is w.grad])]
+
+    check_against_eager(fn, compiler)
