@@ -187,6 +187,24 @@ def test_hooks_with_side_effects_under_inductor():
     check_against_eager(fn, dynamo_compiler("inductor"), exact=False)
 
 
+def test_a_hook_turning_off_requires_grad_of_a_leaf_yet_to_accumulate_skips_it(compiler):
+    def fn():
+        w1 = torch.randn(3, requires_grad=True)
+        w2 = torch.randn(3, requires_grad=True)
+        kept = []
+        w2.register_post_accumulate_grad_hook(lambda p: kept.append(p.grad))
+        y = ((w1 * 2).sum() + (w2.exp() * 3).sum()) * 1
+
+        def turn_off_w2(grad):
+            w2.requires_grad_(False)
+
+        y.register_hook(turn_off_w2)
+        y.backward()
+        return [w1.grad, w2.grad, torch.tensor([g is None for g in kept])]
+
+    check_against_eager(fn, compiler)
+
+
 def register_on_intermediate(x, y):
     y.register_hook(lambda g: g * 10)
 

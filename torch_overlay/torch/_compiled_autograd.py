@@ -834,9 +834,10 @@ def accumulate_grad(variable: torch.Tensor, grad: Optional[torch.Tensor]) -> Non
     Run eagerly, this is libtorch's AccumulateGrad::accumulateGrad (gradient
     layout contract, in-place accumulation, sparse gradients). Under Dynamo,
     inductor.accumulate_grad_ becomes Dynamo's polyfill of the same rules,
-    which it can fuse.
+    which it can fuse. Like AccumulateGrad, it skips a variable that no
+    longer requires grad (a hook may have turned it off during the backward).
     """
-    if grad is None:
+    if grad is None or not variable.requires_grad:
         return
     if torch.compiler.is_compiling() and grad.layout == torch.strided:
         torch.ops.inductor.accumulate_grad_.default(variable, grad)
