@@ -935,10 +935,9 @@ def capture(
     lifted = Lifted(tensors, sizes, scalars, hooks, packed_data)
     outputs = python_autograd(nodes, num_outputs, lifted, ops=recorder)
     # Under Dynamo with fullgraph=True, callbacks a traced hook queues with
-    # queue_callback go to a list of Dynamo's, which it runs where the graph
-    # calls this stub (as on the legacy engine); without it they never ran.
-    # Callbacks queued outside Dynamo's trace go to the engine, which runs
-    # them after the graph.
+    # queue_callback go to a list of Dynamo's, which it runs only where the
+    # graph calls this stub (as legacy's graphs do). Callbacks queued outside
+    # Dynamo's trace go to the engine, which runs them after the graph.
     graph.call_function(FakeCompiledAutogradEngine._exec_final_callbacks_stub, ())
     graph.output(tracer.create_arg(outputs))
     graph_module = torch.fx.GraphModule(recorder.root, graph, "CompiledAutograd")
