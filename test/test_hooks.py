@@ -7,6 +7,17 @@ import torch
 from helpers import COMPILERS, captures, check_against_eager, compiled_autograd, dynamo_compiler
 
 
+def assert_raises_eagers_error(backward, compiler):
+    """``backward`` raises under compiled autograd what it raises eagerly:
+    the same type, and eager's message."""
+    with pytest.raises(Exception) as eager_error:
+        backward()
+    with compiled_autograd(compiler), pytest.raises(Exception) as compiled_error:
+        backward()
+    assert type(compiled_error.value) is type(eager_error.value)
+    assert str(eager_error.value) in str(compiled_error.value)
+
+
 @pytest.fixture(params=sorted(COMPILERS))
 def compiler(request):
     return COMPILERS[request.param]
@@ -96,12 +107,7 @@ def test_hook_returning_a_bad_value_raises_eagers_error(compiler, bad_hook):
         y.register_hook(bad_hook)
         y.sum().backward()
 
-    with pytest.raises(Exception) as eager_error:
-        backward_with_bad_hook()
-    with compiled_autograd(compiler), pytest.raises(Exception) as compiled_error:
-        backward_with_bad_hook()
-    assert type(compiled_error.value) is type(eager_error.value)
-    assert str(eager_error.value) in str(compiled_error.value)
+    assert_raises_eagers_error(backward_with_bad_hook, compiler)
 
 
 NODE_HOOK_BAD_RESULTS = {
@@ -131,12 +137,7 @@ def test_node_hook_returning_a_bad_value_raises_eagers_error(compiler, case):
             z.grad_fn.register_prehook(bad_hook)
         z.sum().backward()
 
-    with pytest.raises(Exception) as eager_error:
-        backward_with_bad_hook()
-    with compiled_autograd(compiler), pytest.raises(Exception) as compiled_error:
-        backward_with_bad_hook()
-    assert type(compiled_error.value) is type(eager_error.value)
-    assert str(eager_error.value) in str(compiled_error.value)
+    assert_raises_eagers_error(backward_with_bad_hook, compiler)
 
 
 def test_saved_tensor_hooks_unpack_in_the_graph(compiler):
