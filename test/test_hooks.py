@@ -218,8 +218,12 @@ def register_on_leaf(x, y):
     x.register_hook(lambda g: g * 10)
 
 
+def scale_grad_by_ten(p):
+    p.grad.mul_(10)
+
+
 def register_post_accumulate_grad_hook(x, y):
-    x.register_post_accumulate_grad_hook(lambda p: p.grad.mul_(10) and None)
+    x.register_post_accumulate_grad_hook(scale_grad_by_ten)
 
 
 @pytest.mark.parametrize(

@@ -94,13 +94,17 @@ void append_to_key(std::string& key, const T& value) {
   key.append(reinterpret_cast<const char*>(&value), sizeof(T));
 }
 
+// libtorch's hook types do not export their type_info, so a hook's type is
+// recognised by its mangled name.
+template <typename Hook>
+bool has_type_name(const Hook& hook, const char* mangled_name) {
+  return std::strcmp(typeid(hook).name(), mangled_name) == 0;
+}
+
 // Tensor.register_hook from C++ installs a CppFunctionTensorPreHook, which
-// has no compiled_args. Its type_info is not exported, so it is recognised
-// by its mangled name.
+// has no compiled_args.
 bool is_cpp_tensor_pre_hook(const torch::autograd::FunctionPreHook& hook) {
-  return std::strcmp(
-             typeid(hook).name(),
-             "N5torch8autograd24CppFunctionTensorPreHookE") == 0;
+  return has_type_name(hook, "N5torch8autograd24CppFunctionTensorPreHookE");
 }
 
 // Registers each function of a CppFunctionTensorPreHook as a C++ tensor
@@ -120,10 +124,10 @@ struct CppTensorPreHooks {
 };
 
 // The dict holding a Python hook type's functions, if `hook` is a `Derived`
-// (recognised by its mangled name: its type_info is not exported), else null.
+// (whose mangled name is `mangled_name`), else null.
 template <typename Derived, typename Base>
 PyObject* python_hook_dict(const Base& hook, const char* mangled_name) {
-  return std::strcmp(typeid(hook).name(), mangled_name) == 0
+  return has_type_name(hook, mangled_name)
       ? static_cast<const Derived&>(hook).dict
       : nullptr;
 }

@@ -168,12 +168,12 @@ std::variant<BackwardGraph, Unsupported> collect_backward_graph(
 // are released for good after the backward).
 void detach_saved_values(BackwardGraph& graph, bool keep_graph);
 
-// C++ torch::autograd::Function nodes (CppNode<T>) announce whether they are
-// traceable only while being applied; see classify_custom_functions().
 // How many hook functions are registered on `node` now (tensor pre-hooks,
 // retain_grad's, pre-, post- and post-accumulate-grad hooks). GIL held.
 size_t registered_hooks(Node& node);
 
+// C++ torch::autograd::Function nodes (CppNode<T>) announce whether they are
+// traceable only while being applied; see classify_custom_functions().
 bool is_cpp_custom_function(const Node& node);
 bool is_python_function(const Node& node);
 
