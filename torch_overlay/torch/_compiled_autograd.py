@@ -34,6 +34,7 @@ import inspect
 import linecache
 import logging
 import operator
+import os
 import re
 import sys
 import threading
@@ -1472,12 +1473,24 @@ class _RunningGraphs:
     """While any captured graph runs, in any thread, compiled autograd is off
     and the frontend's flags say so; the last one to finish restores them.
     (Saving and restoring per call would let two threads restore each
-    other's state.)"""
+    other's state.)
+
+    A process forked while other threads run graphs has only the forking
+    thread, so graphs are also counted per thread and the child keeps that
+    thread's alone: counting the others' it would never compile a backward
+    again. A fork waits for the lock, which the child would otherwise
+    inherit held forever."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.count = 0
+        self.this_thread = threading.local()
         self.prior_flags: tuple[bool, bool, bool] = (False, False, False)
+        os.register_at_fork(
+            before=lambda: self.lock.acquire(),
+            after_in_parent=lambda: self.lock.release(),
+            after_in_child=self.after_fork_in_child,
+        )
 
     def enter(self, frontend: Any) -> None:
         with self.lock:
@@ -1492,17 +1505,32 @@ class _RunningGraphs:
                 frontend.in_compiled_autograd_region = True
                 _install_engine_entry(None)
             self.count += 1
+            self.this_thread.count = getattr(self.this_thread, "count", 0) + 1
 
     def exit(self, frontend: Any) -> None:
         with self.lock:
             self.count -= 1
+            self.this_thread.count -= 1
             if self.count == 0:
-                _install_engine_entry(_installation)
-                (
-                    frontend.compiled_autograd_enabled,
-                    frontend.active_disable_ctx,
-                    frontend.in_compiled_autograd_region,
-                ) = self.prior_flags
+                self.restore(frontend)
+
+    def restore(self, frontend: Any) -> None:
+        _install_engine_entry(_installation)
+        (
+            frontend.compiled_autograd_enabled,
+            frontend.active_disable_ctx,
+            frontend.in_compiled_autograd_region,
+        ) = self.prior_flags
+
+    def after_fork_in_child(self) -> None:
+        self.lock = threading.Lock()
+        own = getattr(self.this_thread, "count", 0)
+        others_were_running = self.count > own
+        self.count = own
+        if others_were_running and own == 0:
+            from torch._dynamo import compiled_autograd as frontend
+
+            self.restore(frontend)
 
 
 _RUNNING = _RunningGraphs()

@@ -3,6 +3,8 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <pthread.h>
+
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -288,6 +290,11 @@ class InterfaceInstallation {
  private:
   static std::mutex& mutex() {
     static std::mutex m;
+    // Held across a fork by another thread, the child's copy would stay
+    // locked: a fork waits for it.
+    static const int fork_handlers_registered = pthread_atfork(
+        [] { m.lock(); }, [] { m.unlock(); }, [] { m.unlock(); });
+    (void)fork_handlers_registered;
     return m;
   }
   static int& users() {
