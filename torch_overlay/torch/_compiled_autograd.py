@@ -751,21 +751,14 @@ def call_cpp_tensor_pre_hook(
 def call_hook(hook: Callable[..., Any], *args: Any, hook_type: str) -> Any:
     """Calls a Python hook the way the eager engine does: node pre- and
     post-hooks see tuples, and a hook returning None changes nothing."""
-    if hook_type == "pre_hook":
-        (grads,) = args
-        previous = tuple(grads)
-        result = hook(previous)
+    if hook_type in ("pre_hook", "post_hook"):
+        # A pre-hook may replace the gradients it gets; a post-hook, the
+        # outputs it gets first (it also sees the node's input gradients).
+        replaceable, *seen = [tuple(values) for values in args]
+        result = hook(replaceable, *seen)
         if result is None:
-            return list(grads)
-        _check_node_hook_result(previous, result, hook)
-        return list(result)
-    if hook_type == "post_hook":
-        outputs, grads = args
-        previous = tuple(outputs)
-        result = hook(previous, tuple(grads))
-        if result is None:
-            return list(outputs)
-        _check_node_hook_result(previous, result, hook)
+            return list(replaceable)
+        _check_node_hook_result(replaceable, result, hook)
         return list(result)
     result = hook(*args)
     if hook_type == "unpack_hook":
