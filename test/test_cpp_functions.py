@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from helpers import COMPILERS, check_against_eager, compiled_autograd
+from helpers import COMPILERS, captures, check_against_eager, compiled_autograd, eager_fallbacks
 
 
 @pytest.fixture(params=sorted(COMPILERS))
@@ -49,3 +49,29 @@ def test_failing_backward_leaves_the_node_intact(cpp_extension, compiler_name):
     assert x.grad is None
     loss.backward()  # eager, on the node that was applied with swapped values
     assert torch.equal(x.grad, 2 * factor)
+
+
+def test_node_subclass_without_compiled_args_runs_itself_inside_the_captured_graph(
+    cpp_extension, compiler
+):
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        grads = []
+        for factor in (torch.randn(3), torch.randn(3)):  # its own saved factor each time
+            y = cpp_extension.multiply_with_node_subclass(x.sin(), factor)
+            (y * y).sum().backward()
+            grads.append(x.grad.clone())
+        return grads
+
+    check_against_eager(fn, compiler)
+    assert captures() == 1
+    assert eager_fallbacks() == 0
+
+
+def test_node_subclass_without_compiled_args_releases_its_saved_tensor(cpp_extension):
+    x = torch.randn(3, requires_grad=True)
+    y = cpp_extension.multiply_with_node_subclass(x.exp(), torch.randn(3)).sum()
+    with compiled_autograd(COMPILERS["aot_eager"]):
+        y.backward()
+        with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+            y.backward()

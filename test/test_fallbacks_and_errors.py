@@ -212,6 +212,20 @@ def test_a_nested_tensor_in_the_backward_falls_back_to_eager_with_a_warning():
     check_backward_falls_back_to_eager(fn, "NestedTensor support not implemented")
 
 
+def test_a_backward_inside_a_forward_ad_dual_level_falls_back_to_eager_with_a_warning():
+    # The saved dual tensor carries a tangent, which AOTAutograd refuses.
+    import torch.autograd.forward_ad as fwAD
+
+    def fn():
+        x = torch.randn(4, requires_grad=True)
+        with fwAD.dual_level():
+            dual = fwAD.make_dual(x, torch.randn(4))
+            (dual.sin() * 3).sum().backward()
+        return [x.grad]
+
+    check_backward_falls_back_to_eager(fn, "forward-mode AD level")
+
+
 def test_a_graph_dynamo_cannot_trace_runs_without_dynamo_with_a_warning():
     # libtorch's linalg_lstsq_backward calls numel() where residuals have a
     # gradient, which a FakeTensor with symbolic sizes refuses: Dynamo raises

@@ -271,3 +271,21 @@ def test_changed_batch_size_does_not_capture_again():
             model(x).sum().backward()
         assert_same(expected, [p.grad for p in model.parameters()])
     assert captures() == 1
+
+
+def test_backward_of_a_primal_unpacked_from_a_forward_ad_dual_is_captured(compiler):
+    # unpack_dual gives the primal an Identity node, which has no compiled_args:
+    # it runs as itself inside the captured graph. (A backward inside the dual
+    # level runs on eager autograd: test_fallbacks_and_errors.py.)
+    import torch.autograd.forward_ad as fwAD
+
+    def fn():
+        x = torch.randn(4, requires_grad=True)
+        with fwAD.dual_level():
+            dual = fwAD.make_dual(x, torch.randn(4))
+            primal, tangent = fwAD.unpack_dual((dual.sin() * 3).sum())
+        (primal + tangent).backward()
+        return [x.grad]
+
+    check_against_eager(fn, compiler)
+    assert captures() == 1

@@ -1,6 +1,8 @@
-// C++ pieces the tests need: a hook registered from C++, and C++ autograd
+// C++ pieces the tests need: a hook registered from C++, C++ autograd
 // Functions (a traceable one that saves a scalar, and one whose backward
-// fails on request). Built once per test session by conftest.py.
+// fails on request), and a Node subclass without compiled_args, as an
+// extension may define one. Built once per test session by conftest.py.
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/extension.h>
 
 #include <atomic>
@@ -43,7 +45,32 @@ struct MultiplyBySaved : public torch::autograd::Function<MultiplyBySaved> {
   }
 };
 
+// Multiplies the gradient by a saved tensor. It keeps Node's compiled_args,
+// which refuses compiled autograd.
+struct MultiplyNode : public torch::autograd::Node {
+  torch::autograd::SavedVariable factor;
+
+  torch::autograd::variable_list apply(
+      torch::autograd::variable_list&& grads) override {
+    return {grads[0] * factor.unpack()};
+  }
+  void release_variables() override {
+    factor.reset_data();
+  }
+};
+
 } // namespace
+
+torch::Tensor multiply_with_node_subclass(
+    const torch::Tensor& x,
+    const torch::Tensor& factor) {
+  auto out = x.detach() * factor;
+  auto node = c10::make_intrusive<MultiplyNode>();
+  node->factor = torch::autograd::SavedVariable(factor, /*is_output=*/false);
+  node->set_next_edges(torch::autograd::collect_next_edges(x));
+  torch::autograd::set_history(out, node);
+  return out;
+}
 
 void register_doubling_hook(torch::Tensor t) {
   t.register_hook([](torch::Tensor grad) { return grad * 2; });
@@ -57,5 +84,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("multiply_by_saved", [](const torch::Tensor& x, const torch::Tensor& factor) {
     return MultiplyBySaved::apply(x, factor);
   });
+  m.def("multiply_with_node_subclass", &multiply_with_node_subclass);
   m.def("set_fail_backward", [](bool fail) { fail_backward = fail; });
 }

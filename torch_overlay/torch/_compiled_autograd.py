@@ -723,8 +723,9 @@ def _validate_node_outputs(
 @torch._dynamo.disable(
     reason=(
         "compiled autograd's python engine runs this autograd node eagerly (a C++ "
-        "or Python Function whose backward it cannot trace, or a torch.compile'd "
-        "region with tensor subclasses, RNG state or effect tokens). Compile the "
+        "or Python Function whose backward it cannot trace, a C++ node without "
+        "compiled_args, or a torch.compile'd region with tensor subclasses, RNG "
+        "state or effect tokens). Compile the "
         "captured graph without fullgraph=True, or set "
         "torch._dynamo.config.compiled_autograd_engine = 'legacy'"
     )
@@ -733,8 +734,8 @@ def apply_eagerly(
     node_idx: int, grads: list[Optional[torch.Tensor]]
 ) -> list[Optional[torch.Tensor]]:
     """Runs node ``node_idx`` itself, on its own saved values, behind a
-    Dynamo graph break (Python autograd.Functions), and validates its
-    outputs."""
+    Dynamo graph break (Python autograd.Functions the graph cannot call, C++
+    nodes without compiled_args), and validates its outputs."""
     return _C.apply_eagerly(node_idx, grads)
 
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 #include <queue>
+#include <string_view>
 #include <typeinfo>
 #include <unordered_map>
 #include <unordered_set>
@@ -311,6 +312,25 @@ bool backward_callable_in_graph(const Node& fn) {
   return callable;
 }
 
+// A C++ node that keeps Node's compiled_args (forward AD's Identity, the Error
+// node of a derivative that is not implemented, a Node subclass of an
+// extension) says nothing of its saved values, so they cannot be lifted: it
+// runs as itself, behind a graph break, instead of sending the whole backward
+// to the eager engine. Node's compiled_args throws before collecting anything.
+bool lifts_saved_values(CompiledNodeArgs& args, const Node& fn) {
+  try {
+    fn.compiled_args(args);
+    return true;
+  } catch (const c10::NotImplementedError& e) {
+    static constexpr std::string_view kNodesOwn =
+        "compiled_args not implemented: ";
+    if (std::string_view(e.msg()).substr(0, kNodesOwn.size()) != kNodesOwn) {
+      throw;
+    }
+    return false;
+  }
+}
+
 NodeKind kind_of(const Node& fn) {
   if (typeid(fn) == typeid(AccumulateGrad)) {
     return NodeKind::kAccumulateGrad;
@@ -479,7 +499,10 @@ class Collector {
           args.collect(fn->name());
           break;
         default:
-          fn->compiled_args(args);
+          if (!lifts_saved_values(args, *fn)) {
+            record.kind = NodeKind::kEager;
+            args.collect(fn->name());
+          }
       }
       record.edge_sizes_begin = call.all_size_inputs.size();
       if (record.kind != NodeKind::kEager) {

@@ -37,7 +37,8 @@ enum class NodeKind : uint8_t {
   // A C++ torch::autograd::Function with is_traceable = false: applied with
   // its saved values, behind a Dynamo graph break.
   kApplyWithSavedDynamoDisabled = 1,
-  // A Python autograd.Function: the node itself runs, behind a graph break.
+  // The node itself runs, behind a graph break: a Python autograd.Function
+  // the graph cannot call, or a C++ node without compiled_args.
   kEager = 2,
   // AccumulateGrad: torch.ops.inductor.accumulate_grad_ on the variable.
   kAccumulateGrad = 3,

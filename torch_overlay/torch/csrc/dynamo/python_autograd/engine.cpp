@@ -9,6 +9,7 @@
 
 #include <torch/csrc/autograd/anomaly_mode.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/forward_grad.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/input_buffer.h>
 #include <torch/csrc/autograd/python_function.h>
@@ -194,6 +195,15 @@ std::optional<Unsupported> unsupported_mode() {
   }
   if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
     return Unsupported{"a TorchDispatchMode is active", false};
+  }
+  // Saved dual tensors then carry tangents, which AOTAutograd refuses
+  // ("Trying to use forward AD with aten::copy"). Levels do not nest, so the
+  // active one is level 0.
+  if (torch::autograd::ForwardADLevel::try_get_by_idx(0) != nullptr) {
+    return Unsupported{
+        "a forward-mode AD level (torch.autograd.forward_ad.dual_level) is "
+        "active",
+        false};
   }
   return std::nullopt;
 }
