@@ -3,7 +3,17 @@
 import pytest
 import torch
 
-from helpers import COMPILERS, captures, check_against_eager, compiled_autograd, eager_fallbacks
+import warnings
+
+from helpers import (
+    COMPILERS,
+    CountingCompiler,
+    captures,
+    check_against_eager,
+    compiled_autograd,
+    eager_fallbacks,
+)
+from torch._dynamo.utils import counters
 
 
 @pytest.fixture(params=sorted(COMPILERS))
@@ -50,6 +60,34 @@ def test_failing_backward_leaves_the_node_intact(cpp_extension, compiler_name):
     loss.backward()  # eager, on the node that was applied with swapped values
     assert torch.equal(x.grad, 2 * factor)
 
+
+def test_a_backward_that_raises_while_dynamo_traces_it_raises_its_own_error_and_stays_compiled(
+    cpp_extension,
+):
+    # Dynamo runs the Function's backward on FakeTensors, so it raises there
+    # first; the graph is not taken for one Dynamo cannot trace.
+    compiler = CountingCompiler()
+    factor = torch.randn(3)
+
+    def backward(fail):
+        x = torch.randn(3, requires_grad=True)
+        loss = cpp_extension.multiply_by_saved(x * 2, factor).sum()
+        cpp_extension.set_fail_backward(fail)
+        try:
+            loss.backward()
+        finally:
+            cpp_extension.set_fail_backward(False)
+        return x
+
+    with compiled_autograd(compiler), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeError, match="failed on request"):
+            backward(fail=True)
+        x = backward(fail=False)
+    assert torch.equal(x.grad, 2 * factor)
+    assert counters["compiled_autograd"]["graphs_run_without_dynamo"] == 0
+    assert compiler.dynamo_compiles == 1
+    assert captures() == 1
 
 def test_node_subclass_without_compiled_args_runs_itself_inside_the_captured_graph(
     cpp_extension, compiler

@@ -1404,8 +1404,10 @@ class _CompiledBackward:
         (``_CONFIG_WHILE_COMPILING``) and its compile id. A cache hit in
         :class:`_DynamoCacheHit` compiles nothing and needs neither, as
         Dynamo's own hits run without a compile context. A graph Dynamo
-        fails to trace before running any of it runs without Dynamo from then
-        on (:meth:`run_without_dynamo`)."""
+        fails to trace before running any of it runs without Dynamo: if that
+        run succeeds, from then on (:meth:`run_without_dynamo`); if it raises
+        too, the error is the backward's own, as eager raises it, and the
+        graph stays compiled."""
         config = _CONFIG_WHILE_COMPILING
         config.register()
         prior_running, config.running = config.running, (self, inputs, other_inputs[0])
@@ -1416,10 +1418,12 @@ class _CompiledBackward:
         except torch._dynamo.exc.TorchRuntimeError as error:
             if not self.failed_before_running(error, inputs, num_inputs):
                 raise
-            self.run_without_dynamo(error)
+            untraceable = error
         finally:
             config.running = prior_running
-        return self.compiled(inputs, *other_inputs)
+        result = self.graph_module()(inputs, *other_inputs)
+        self.run_without_dynamo(untraceable)
+        return result
 
     def failed_before_running(
         self, error: Exception, inputs: list[torch.Tensor], num_inputs: int
@@ -1441,10 +1445,10 @@ class _CompiledBackward:
 
     def run_without_dynamo(self, error: Exception) -> None:
         """From now on runs the captured graph itself, op by op, instead of
-        what ``compiler_fn`` made of it: Dynamo failed to trace it, typically
-        a node's backward formula that libtorch implements with int-only code
-        (``linalg_lstsq_backward`` calls ``numel()``) once sizes are
-        symbolic."""
+        what ``compiler_fn`` made of it: Dynamo failed to trace it and the
+        graph then ran without it. Typically a node's backward formula that
+        libtorch implements with int-only code (``linalg_lstsq_backward``
+        calls ``numel()``) once sizes are symbolic."""
         counters["compiled_autograd"]["graphs_run_without_dynamo"] += 1
         # Dynamo's message names the failing call, then "got <error>('...')".
         failure = re.search(r"got (\w+)\('(.*?)(?:\\n|'\))", str(error))
