@@ -36,7 +36,6 @@ import math
 import multiprocessing
 import os
 import pathlib
-import socket
 import sys
 import time
 import traceback
