@@ -312,11 +312,11 @@ bool backward_callable_in_graph(const Node& fn) {
   return callable;
 }
 
-// A C++ node that keeps Node's compiled_args (forward AD's Identity, the Error
-// node of a derivative that is not implemented, a Node subclass of an
-// extension) says nothing of its saved values, so they cannot be lifted: it
-// runs as itself, behind a graph break, instead of sending the whole backward
-// to the eager engine. Node's compiled_args throws before collecting anything.
+// A C++ node that keeps Node's compiled_args (forward AD's Identity,
+// UndefinedGrad, a Node subclass of an extension) says nothing of its saved
+// values, so they cannot be lifted: it runs as itself, behind a graph break,
+// instead of sending the whole backward to the eager engine. Node's
+// compiled_args throws before collecting anything.
 bool lifts_saved_values(CompiledNodeArgs& args, const Node& fn) {
   try {
     fn.compiled_args(args);
