@@ -1,9 +1,9 @@
 """C++ hooks and C++ autograd Functions under the Python engine."""
 
+import warnings
+
 import pytest
 import torch
-
-import warnings
 
 from helpers import (
     COMPILERS,
@@ -88,6 +88,7 @@ def test_a_backward_that_raises_while_dynamo_traces_it_raises_its_own_error_and_
     assert counters["compiled_autograd"]["graphs_run_without_dynamo"] == 0
     assert compiler.dynamo_compiles == 1
     assert captures() == 1
+
 
 def test_node_subclass_without_compiled_args_runs_itself_inside_the_captured_graph(
     cpp_extension, compiler

@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 
 from helpers import (
     COMPILERS,
@@ -214,8 +215,6 @@ def test_a_nested_tensor_in_the_backward_falls_back_to_eager_with_a_warning():
 
 def test_a_backward_inside_a_forward_ad_dual_level_falls_back_to_eager_with_a_warning():
     # The saved dual tensor carries a tangent, which AOTAutograd refuses.
-    import torch.autograd.forward_ad as fwAD
-
     def fn():
         x = torch.randn(4, requires_grad=True)
         with fwAD.dual_level():

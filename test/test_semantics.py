@@ -4,6 +4,7 @@ hook side effects and the same .grad fields."""
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwAD
 
 from helpers import COMPILERS, assert_same, captures, check_against_eager, compiled_autograd
 
@@ -277,8 +278,6 @@ def test_backward_of_a_primal_unpacked_from_a_forward_ad_dual_is_captured(compil
     # unpack_dual gives the primal an Identity node, which has no compiled_args:
     # it runs as itself inside the captured graph. (A backward inside the dual
     # level runs on eager autograd: test_fallbacks_and_errors.py.)
-    import torch.autograd.forward_ad as fwAD
-
     def fn():
         x = torch.randn(4, requires_grad=True)
         with fwAD.dual_level():
