@@ -408,3 +408,20 @@ def test_a_cached_inductor_graph_whose_guards_name_a_size_it_does_not_take_is_a_
     )
     assert graph is None
     assert info["cache_status_detailed"] == "guard_miss"
+
+
+@pytest.mark.parametrize(
+    "add_with_alpha",
+    [
+        lambda w, a, b: w.add(a @ b, alpha=-0.1),
+        lambda w, a, b: torch.add(a @ b, w, alpha=-0.1),
+    ],
+    ids=["matmul_scaled", "other_operand_scaled"],
+)
+def test_inductor_keeps_the_alpha_of_an_add_of_a_matmul(add_with_alpha):
+    """Inductor's addmm fusion matched add(w, mm) whatever its alpha, and the
+    addmm it made had none (patches/0016)."""
+    torch._dynamo.reset()
+    w, a, b = torch.randn(4, 4), torch.randn(4, 3), torch.randn(3, 4)
+    compiled = torch.compile(add_with_alpha, backend="inductor")
+    torch.testing.assert_close(compiled(w, a, b), add_with_alpha(w, a, b))

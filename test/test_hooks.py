@@ -77,6 +77,29 @@ def test_optimizer_step_in_post_accumulate_grad_hook(compiler):
     check_against_eager(fn, compiler)
 
 
+def test_sgd_step_in_post_accumulate_grad_hook_under_inductor():
+    """The hook's update ``p + (-lr) * grad`` has the weight gradient's matmul
+    as its operand: Inductor fused it into one addmm and dropped the -lr
+    (patches/0016), so every weight moved by +grad."""
+
+    def fn():
+        model = torch.nn.Linear(4, 4)
+
+        def sgd_step(p):
+            with torch.no_grad():
+                p.add_(p.grad, alpha=-0.1)
+            p.grad = None
+
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(sgd_step)
+        x = torch.randn(3, 4)
+        for _ in range(3):
+            model(x).pow(2).sum().backward()
+        return [p.detach().clone() for p in model.parameters()]
+
+    check_against_eager(fn, dynamo_compiler("inductor"), exact=False)
+
+
 def test_removing_a_hook_changes_the_captured_graph():
     def fn():
         x = torch.randn(3, requires_grad=True)
