@@ -1,5 +1,6 @@
 """Every kind of hook behaves as in eager: same values, same call order, same
-side effects, under no Dynamo, Dynamo's eager backend and aot_eager."""
+side effects, under no Dynamo, Dynamo's eager backend and aot_eager; and under
+inductor where Inductor itself once got a hook's update wrong."""
 
 import pytest
 import torch
