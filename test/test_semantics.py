@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.autograd.forward_ad as fwAD
 
-from helpers import COMPILERS, assert_same, captures, check_against_eager, compiled_autograd
+from helpers import COMPILERS, assert_same, captures, check_against_eager, compiled_autograd, dynamo_compiler
 
 
 @pytest.fixture(params=sorted(COMPILERS))
@@ -288,3 +288,19 @@ def test_backward_of_a_primal_unpacked_from_a_forward_ad_dual_is_captured(compil
 
     check_against_eager(fn, compiler)
     assert captures() == 1
+
+
+def test_a_zero_tensor_forward_ad_saved_reaches_inductor_as_real_zeros():
+    """Forward AD saves a zero as a ZeroTensor, which has no memory: the
+    Inductor kernel that read it through its null data pointer crashed the
+    process. The graph now gets real zeros."""
+
+    def fn():
+        x = torch.randn(4, requires_grad=True)
+        with fwAD.dual_level():
+            dual = fwAD.make_dual(x, torch.randn(4))
+            primal, tangent = fwAD.unpack_dual((dual.sin() * 3).sum())
+        (primal + tangent).backward()
+        return [x.grad]
+
+    check_against_eager(fn, dynamo_compiler("inductor"), exact=False)

@@ -432,6 +432,17 @@ void check_dynamo_takes_as_input(const at::Tensor& t) {
       "and Dynamo cannot take a batched tensor as a graph input");
 }
 
+// Forward AD saves some zeros as ZeroTensors (at::_efficientzerotensor):
+// tensors with no memory behind them, which ATen's ops handle through the
+// ZeroTensor dispatch key, but which an Inductor kernel reads through its
+// null data pointer (a crash). The graph gets real zeros of the same layout.
+at::Tensor materialized(const at::Tensor& t) {
+  if (!t.defined() || !t._is_zerotensor()) {
+    return t;
+  }
+  return at::empty_strided(t.sizes(), t.strides(), t.options()).zero_();
+}
+
 // Enough emptied calls for the largest graphs' nodes; beyond it they are
 // freed, so that one huge backward does not hold its calls for good.
 constexpr size_t kMaxPooledCalls = 4096;
@@ -534,7 +545,7 @@ class Collector {
           t.unsafeGetTensorImpl(), graph_.tensors.size());
       if (inserted) {
         check_dynamo_takes_as_input(t);
-        graph_.tensors.push_back(t);
+        graph_.tensors.push_back(materialized(t));
       }
       record.tensor_ids.push_back(it->second);
     }
