@@ -274,19 +274,20 @@ def test_changed_batch_size_does_not_capture_again():
     assert captures() == 1
 
 
+def backward_of_a_primal_unpacked_from_a_dual():
+    x = torch.randn(4, requires_grad=True)
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x, torch.randn(4))
+        primal, tangent = fwAD.unpack_dual((dual.sin() * 3).sum())
+    (primal + tangent).backward()
+    return [x.grad]
+
+
 def test_backward_of_a_primal_unpacked_from_a_forward_ad_dual_is_captured(compiler):
     # unpack_dual gives the primal an Identity node, which has no compiled_args:
     # it runs as itself inside the captured graph. (A backward inside the dual
     # level runs on eager autograd: test_fallbacks_and_errors.py.)
-    def fn():
-        x = torch.randn(4, requires_grad=True)
-        with fwAD.dual_level():
-            dual = fwAD.make_dual(x, torch.randn(4))
-            primal, tangent = fwAD.unpack_dual((dual.sin() * 3).sum())
-        (primal + tangent).backward()
-        return [x.grad]
-
-    check_against_eager(fn, compiler)
+    check_against_eager(backward_of_a_primal_unpacked_from_a_dual, compiler)
     assert captures() == 1
 
 
@@ -294,13 +295,4 @@ def test_a_zero_tensor_forward_ad_saved_reaches_inductor_as_real_zeros():
     """Forward AD saves a zero as a ZeroTensor, which has no memory: the
     Inductor kernel that read it through its null data pointer crashed the
     process. The graph now gets real zeros."""
-
-    def fn():
-        x = torch.randn(4, requires_grad=True)
-        with fwAD.dual_level():
-            dual = fwAD.make_dual(x, torch.randn(4))
-            primal, tangent = fwAD.unpack_dual((dual.sin() * 3).sum())
-        (primal + tangent).backward()
-        return [x.grad]
-
-    check_against_eager(fn, dynamo_compiler("inductor"), exact=False)
+    check_against_eager(backward_of_a_primal_unpacked_from_a_dual, dynamo_compiler("inductor"), exact=False)
