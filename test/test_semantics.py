@@ -296,3 +296,14 @@ def test_a_zero_tensor_forward_ad_saved_reaches_inductor_as_real_zeros():
     Inductor kernel that read it through its null data pointer crashed the
     process. The graph now gets real zeros."""
     check_against_eager(backward_of_a_primal_unpacked_from_a_dual, dynamo_compiler("inductor"), exact=False)
+
+
+def test_a_zero_tensor_leaf_gets_its_gradient(compiler):
+    # Zeros are lifted as real zeros only where the tensor's identity does not
+    # matter: a leaf's gradient goes to the leaf itself.
+    def fn():
+        x = torch._efficientzerotensor(4).requires_grad_()
+        (x * 2 + 1).sum().backward()
+        return [x.grad]
+
+    check_against_eager(fn, compiler)

@@ -436,8 +436,10 @@ void check_dynamo_takes_as_input(const at::Tensor& t) {
 // tensors with no memory behind them, which ATen's ops handle through the
 // ZeroTensor dispatch key, but which an Inductor kernel reads through its
 // null data pointer (a crash). The graph gets real zeros of the same layout.
+// A tensor that requires grad keeps its identity: a leaf's gradient is
+// accumulated into the very tensor the graph is given.
 at::Tensor materialized(const at::Tensor& t) {
-  if (!t.defined() || !t._is_zerotensor()) {
+  if (!t.defined() || !t._is_zerotensor() || t.requires_grad()) {
     return t;
   }
   return at::empty_strided(t.sizes(), t.strides(), t.options()).zero_();
