@@ -5,7 +5,7 @@ inductor where Inductor itself once got a hook's update wrong."""
 import pytest
 import torch
 
-from helpers import COMPILERS, captures, check_against_eager, compiled_autograd, dynamo_compiler
+from helpers import COMPILERS, captures, check_against_eager, compiled_autograd
 
 
 def assert_raises_eagers_error(backward, compiler):
@@ -78,7 +78,7 @@ def test_optimizer_step_in_post_accumulate_grad_hook(compiler):
     check_against_eager(fn, compiler)
 
 
-def test_sgd_step_in_post_accumulate_grad_hook_under_inductor():
+def test_sgd_step_in_post_accumulate_grad_hook(compiler):
     """The hook's update ``p + (-lr) * grad`` has the weight gradient's matmul
     as its operand: Inductor fused it into one addmm and dropped the -lr
     (patches/0016), so every weight moved by +grad."""
@@ -98,7 +98,7 @@ def test_sgd_step_in_post_accumulate_grad_hook_under_inductor():
             model(x).pow(2).sum().backward()
         return [p.detach().clone() for p in model.parameters()]
 
-    check_against_eager(fn, dynamo_compiler("inductor"), exact=False)
+    check_against_eager(fn, compiler)
 
 
 def test_removing_a_hook_changes_the_captured_graph():
@@ -197,7 +197,7 @@ def test_save_on_cpu(compiler):
     check_against_eager(fn, compiler)
 
 
-def test_hooks_with_side_effects_under_inductor():
+def test_hooks_with_side_effects(compiler):
     def fn():
         model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
         seen, accumulated = [], []
@@ -209,7 +209,7 @@ def test_hooks_with_side_effects_under_inductor():
         model[2](hidden).sum().backward()
         return [p.grad for p in model.parameters()] + seen + accumulated
 
-    check_against_eager(fn, dynamo_compiler("inductor"), exact=False)
+    check_against_eager(fn, compiler)
 
 
 def test_a_hook_turning_off_requires_grad_of_a_leaf_yet_to_accumulate_skips_it(compiler):
