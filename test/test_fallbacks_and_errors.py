@@ -200,6 +200,20 @@ def test_batched_gradients_fall_back_to_eager_with_a_warning():
     check_backward_falls_back_to_eager(fn, "batched .*is_grads_batched=True")
 
 
+def test_a_zero_tensor_leaf_falls_back_to_eager_with_a_warning():
+    # A ZeroTensor has no memory: an Inductor kernel reading this leaf crashed
+    # the process (both engines; plain torch.compile of `x * y` too). Saved
+    # ZeroTensors that do not require grad are lifted as real zeros
+    # (test_semantics.py), but a leaf's gradient must reach the leaf itself.
+    def fn():
+        x = torch._efficientzerotensor(4).requires_grad_()
+        y = torch.randn(4, requires_grad=True)
+        (x * x + x * y).sum().backward()
+        return [x.grad, y.grad]
+
+    check_backward_falls_back_to_eager(fn, "ZeroTensor .*that requires grad")
+
+
 def test_a_nested_tensor_in_the_backward_falls_back_to_eager_with_a_warning():
     # libtorch's compiled_args refuses nested tensors (compiled_autograd.h);
     # the legacy engine raises that NotImplementedError.

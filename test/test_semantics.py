@@ -292,14 +292,3 @@ def test_backward_of_a_primal_unpacked_from_a_forward_ad_dual_is_captured(compil
     # the process, so the graph gets real zeros instead.
     check_against_eager(backward_of_a_primal_unpacked_from_a_dual, compiler)
     assert captures() == 1
-
-
-def test_a_zero_tensor_leaf_gets_its_gradient(compiler):
-    # Zeros are lifted as real zeros only where the tensor's identity does not
-    # matter: a leaf's gradient goes to the leaf itself.
-    def fn():
-        x = torch._efficientzerotensor(4).requires_grad_()
-        (x * 2 + 1).sum().backward()
-        return [x.grad]
-
-    check_against_eager(fn, compiler)

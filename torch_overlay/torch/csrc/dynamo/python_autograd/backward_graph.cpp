@@ -430,16 +430,24 @@ void check_dynamo_takes_as_input(const at::Tensor& t) {
       "a tensor the backward reads is batched (a gradient of "
       "torch.autograd.grad(..., is_grads_batched=True), or of a vmap), "
       "and Dynamo cannot take a batched tensor as a graph input");
+  // materialized() below gives the graph real zeros for a ZeroTensor, but a
+  // leaf's gradient must reach the leaf itself, and a compiled kernel that
+  // read it would read through its null data pointer (plain torch.compile of
+  // `x * y` with such an x crashes too).
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !(t._is_zerotensor() && t.requires_grad()),
+      "a tensor the backward reads is a ZeroTensor "
+      "(torch._efficientzerotensor) that requires grad, which has no memory "
+      "for a compiled kernel to read; give it memory (e.g. torch.zeros) to "
+      "run its backward compiled");
 }
 
 // Forward AD saves some zeros as ZeroTensors (at::_efficientzerotensor):
 // tensors with no memory behind them, which ATen's ops handle through the
 // ZeroTensor dispatch key, but which an Inductor kernel reads through its
 // null data pointer (a crash). The graph gets real zeros of the same layout.
-// A tensor that requires grad keeps its identity: a leaf's gradient is
-// accumulated into the very tensor the graph is given.
 at::Tensor materialized(const at::Tensor& t) {
-  if (!t.defined() || !t._is_zerotensor() || t.requires_grad()) {
+  if (!t.defined() || !t._is_zerotensor()) {
     return t;
   }
   return at::empty_strided(t.sizes(), t.strides(), t.options()).zero_();
