@@ -1,11 +1,14 @@
 """Property test: random autograd graphs (elementwise, reductions, views,
 matmul, indexing, in-place ops, tensors used several times, random hooks)
-give eager's gradients and hook calls, bit for bit.
+give eager's gradients and hook calls: bit for bit without Dynamo, within
+assert_close through Dynamo with aot_eager and with Inductor.
 
-`make test` runs 200 examples, `make fuzz` 2,000 (PCA_HYPOTHESIS_PROFILE)."""
+`make test` runs 200 examples without Dynamo and 10 per Dynamo backend, `make fuzz`
+2,000 and 100 (PCA_HYPOTHESIS_PROFILE)."""
 
 import os
 
+import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
@@ -107,20 +110,22 @@ def test_random_graph_matches_eager(program):
         assert torch.equal(e, a)
 
 
-# Dynamo and AOTAutograd compile each new graph (a second or so), so fewer
-# examples; AOTAutograd's decompositions may reorder floating-point math.
+# Dynamo and AOTAutograd compile each new graph (a second or so; Inductor a
+# few), so fewer examples; AOTAutograd's decompositions and Inductor's fusions
+# may reorder floating-point math.
 DYNAMO_EXAMPLES = 100 if os.environ.get("PCA_HYPOTHESIS_PROFILE") == "fuzz" else 10
 
 
+@pytest.mark.parametrize("compiler_name", ["aot_eager", "inductor"])
 @settings(max_examples=DYNAMO_EXAMPLES)
-@given(programs())
-def test_random_graph_through_aot_autograd_matches_eager_compiled_and_from_the_cache(program):
+@given(program=programs())
+def test_random_graph_through_dynamo_matches_eager_compiled_and_from_the_cache(compiler_name, program):
     """The first run compiles; the second finds the compiled graph in
     Dynamo's cache (the engine's cache-hit path), hooks' side effects
     included."""
     torch._dynamo.reset()
     expected_grads, expected_log = run_program(program)
-    with compiled_autograd(COMPILERS["aot_eager"]):
+    with compiled_autograd(COMPILERS[compiler_name]):
         runs = [run_program(program) for _ in range(2)]
     for grads, log in runs:
         for e, a in zip(expected_grads, grads):
