@@ -1543,10 +1543,11 @@ def _report_eager_fallback(reason: str, warn: bool) -> None:
     verbose_log.debug("backward runs on the eager engine: %s", reason)
     if warn and reason not in _reported_fallbacks:
         _reported_fallbacks.add(reason)
+        # No word of the legacy engine: it raises or crashes on these
+        # backwards, except under anomaly mode and TorchDispatchModes, where it
+        # loses the failing node's name or does not compile either.
         warnings.warn(
             "Compiled autograd (python engine) ran this backward with eager "
-            f"autograd: {reason.rstrip('. ')}. Gradients are correct but not compiled. "
-            "Set torch._dynamo.config.compiled_autograd_engine = 'legacy' to "
-            "try the legacy engine instead.",
+            f"autograd: {reason.rstrip('. ')}. Gradients are correct but not compiled.",
             stacklevel=2,
         )
