@@ -1,6 +1,6 @@
 """Every kind of hook behaves as in eager: same values, same call order, same
-side effects, under no Dynamo, Dynamo's eager backend and aot_eager; and under
-inductor where Inductor itself once got a hook's update wrong."""
+side effects, under every compiler of helpers.COMPILERS (no Dynamo, Dynamo's
+eager backend, aot_eager and Inductor)."""
 
 import pytest
 import torch
