@@ -212,6 +212,36 @@ def test_hooks_with_side_effects(compiler):
     check_against_eager(fn, compiler)
 
 
+@pytest.mark.parametrize("mode", ["all", "any"])
+def test_multi_grad_hook(compiler, mode):
+    def fn():
+        a, b, unused = (torch.randn(4, requires_grad=True) for _ in range(3))
+        seen = []
+
+        def hook(grads):
+            grads = grads if mode == "all" else [grads]
+            seen.extend(torch.zeros(()) if g is None else g.clone() for g in grads)
+
+        torch.autograd.graph.register_multi_grad_hook((a, b, unused), hook, mode=mode)
+        (a.sin() * b).sum().backward()
+        return [a.grad, b.grad, unused.grad, *seen]
+
+    check_against_eager(fn, compiler)
+
+
+def test_module_full_backward_hooks(compiler):
+    def fn():
+        model = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+        seen = []
+        model[0].register_full_backward_hook(lambda module, grad_in, grad_out: seen.append(grad_out[0].clone()))
+        model[2].register_full_backward_pre_hook(lambda module, grad_out: (grad_out[0] * 2,))
+        x = torch.randn(3, 4, requires_grad=True)
+        model(x).sum().backward()
+        return [x.grad, *(p.grad for p in model.parameters()), *seen]
+
+    check_against_eager(fn, compiler)
+
+
 def test_a_hook_turning_off_requires_grad_of_a_leaf_yet_to_accumulate_skips_it(compiler):
     def fn():
         w1 = torch.randn(3, requires_grad=True)

@@ -192,6 +192,24 @@ def test_retain_grad(compiler):
     check_against_eager(fn, compiler)
 
 
+def test_backward_of_an_autocast_forward(compiler):
+    """Mixed precision: the backward computes in bfloat16 where the forward
+    did. Inductor keeps a bfloat16 intermediate in float32 unless
+    ``emulate_precision_casts`` is on (a bias gradient then differs from
+    eager's by one bfloat16 step, on the legacy engine too), so the test sets
+    it, as a user who wants eager's values would."""
+
+    def fn():
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(torch.randn(3, 8))
+        out.float().pow(2).sum().backward()
+        return [p.grad for p in model.parameters()]
+
+    with torch._inductor.config.patch(emulate_precision_casts=True):
+        check_against_eager(fn, compiler)
+
+
 def test_node_pre_and_post_hooks(compiler):
     def fn():
         x = torch.randn(3, requires_grad=True)
