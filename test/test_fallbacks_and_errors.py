@@ -23,6 +23,7 @@ from helpers import (
     run_eager_and_compiled,
 )
 from torch._dynamo.utils import counters
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def test_create_graph_falls_back_to_eager_and_double_backward_works():
@@ -240,6 +241,43 @@ def test_a_backward_inside_a_forward_ad_dual_level_falls_back_to_eager_with_a_wa
         return [x.grad]
 
     check_backward_falls_back_to_eager(fn, "forward-mode AD level")
+
+
+class OpLog(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_backward_under_a_torch_dispatch_mode_falls_back_to_eager_and_the_mode_sees_its_ops():
+    # Eager autograd runs the backward's ops through the mode, which may
+    # count, log or change them: it sees the same ops as in eager. The warning
+    # names the mode.
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        loss = (x.sin() * x).sum()
+        with OpLog() as log:
+            loss.backward()
+        return [x.grad, log.ops]
+
+    check_backward_falls_back_to_eager(fn, r"a TorchDispatchMode is active \(OpLog\)")
+
+
+def test_allow_mutation_on_saved_tensors_falls_back_to_eager_naming_its_mode():
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        with torch.autograd.graph.allow_mutation_on_saved_tensors():
+            y = x.clone()
+            squared = y * y
+            y.mul_(2)
+            squared.sum().backward()
+        return [x.grad]
+
+    check_backward_falls_back_to_eager(fn, r"TorchDispatchMode is active \(_CloneArgBeforeMutateMode\)")
 
 
 def test_a_graph_dynamo_cannot_trace_runs_without_dynamo_with_a_warning():

@@ -7,6 +7,7 @@
 // it, then run the compiled graph with the lifted values. The graph's ops call
 // back into node_apply.cpp by node index.
 
+#include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/autograd/anomaly_mode.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/forward_grad.h>
@@ -182,6 +183,20 @@ CacheMiss explain_cache_miss(const BackwardGraph& graph) {
   return miss;
 }
 
+// The modes' class names, innermost first: the user may not know that a
+// context manager they entered (allow_mutation_on_saved_tensors, a
+// FlopCounterMode, ...) is one. Called with the GIL held.
+std::string active_dispatch_modes() {
+  using c10::impl::TorchDispatchModeTLS;
+  std::string names;
+  for (int64_t i = TorchDispatchModeTLS::stack_len() - 1; i >= 0; --i) {
+    PyObject* mode =
+        TorchDispatchModeTLS::get_stack_at(i)->ptr(getPyInterpreter());
+    names += (names.empty() ? "" : ", ") + std::string(Py_TYPE(mode)->tp_name);
+  }
+  return names;
+}
+
 std::optional<Unsupported> unsupported_mode() {
   if (torch::autograd::AnomalyMode::is_enabled()) {
     return Unsupported{
@@ -194,7 +209,9 @@ std::optional<Unsupported> unsupported_mode() {
         false};
   }
   if (c10::impl::TorchDispatchModeTLS::stack_len() > 0) {
-    return Unsupported{"a TorchDispatchMode is active", false};
+    return Unsupported{
+        "a TorchDispatchMode is active (" + active_dispatch_modes() + ")",
+        false};
   }
   // Saved dual tensors then carry tangents, which AOTAutograd refuses
   // ("Trying to use forward AD with aten::copy"). Levels do not nest, so the
