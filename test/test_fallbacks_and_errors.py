@@ -162,6 +162,27 @@ def test_in_place_modification_of_saved_tensor_raises_eagers_error_without_a_fal
     assert fallback_warnings(caught) == []
 
 
+@pytest.mark.parametrize("compiler_name", sorted(COMPILERS))
+def test_accumulating_into_an_expanded_grad_raises_eagers_error_without_a_fallback_warning(
+    compiler_name,
+):
+    # Traced, the in-place accumulation failed in the backend's compile,
+    # with Dynamo's BackendCompilerFailed instead of eager's message.
+    x = torch.randn(4, 3, requires_grad=True)
+    x.grad = torch.zeros(1, 3).expand(4, 3)
+    with compiled_autograd(COMPILERS[compiler_name]), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match="^unsupported operation: more than one element") as raised:
+            (x * x).sum().backward()
+        assert raised.type is RuntimeError
+        assert captures() == 0
+        x.grad = None
+        (x * x).sum().backward()
+    assert fallback_warnings(caught) == []
+    assert captures() == 1
+    torch.testing.assert_close(x.grad, 2 * x.detach())
+
+
 def check_backward_falls_back_to_eager(fn, warning):
     """``fn``'s backward runs on the eager engine, with a warning matching
     ``warning``, captures nothing, and gives eager's gradients. The warning

@@ -1,5 +1,6 @@
 #include <torch/csrc/dynamo/python_autograd/backward_graph.h>
 
+#include <ATen/MemoryOverlap.h>
 #include <torch/csrc/autograd/cpp_hook.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
@@ -235,10 +236,23 @@ void collect_hooks(CompiledNodeArgs& args, NodeRecord& record) {
 // the key change when .grad goes from None to a tensor. The graph calls
 // inductor.accumulate_grad_, which reads .grad when it runs, so only the
 // variable is lifted here.
+//
+// Eager adds into a .grad in place, and refuses one whose elements share
+// memory (an expanded tensor assigned to .grad). Traced, the same add failed
+// in the backend's compile, with Dynamo's BackendCompilerFailed; raising a
+// c10::Error here runs the backward on the eager engine, which raises its
+// own error.
 void collect_accumulate_grad(CompiledNodeArgs& args, AccumulateGrad& fn) {
   const at::Tensor& variable = fn.variable;
   if (args.cond(variable.defined() && variable.requires_grad())) {
     args.collect(variable);
+    const at::Tensor& grad = variable.grad();
+    TORCH_CHECK(
+        !grad.defined() ||
+            at::has_internal_overlap(grad) != at::MemOverlap::Yes,
+        "the .grad of a leaf the backward accumulates into has elements "
+        "that share memory (e.g. an expanded tensor), which eager's "
+        "in-place accumulation refuses");
   }
   if (const auto& hook = fn.tensor_post_acc_grad_hooks(); hook != nullptr) {
     hook->compiled_args(args);
