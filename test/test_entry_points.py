@@ -84,6 +84,16 @@ def test_sparse_gradients(compiler):
     check_against_eager(fn, compiler)
 
 
+def test_a_dense_gradient_accumulates_into_a_sparse_grad(compiler):
+    def fn():
+        x = torch.randn(2, 2, requires_grad=True)
+        x.grad = torch.sparse_coo_tensor(torch.tensor([[0, 1], [0, 1]]), torch.tensor([1.0, 1.0]), (2, 2))
+        (x * 3).sum().backward()
+        return [x.grad.layout, x.grad.to_dense()]
+
+    check_against_eager(fn, compiler)
+
+
 def test_complex_tensors(compiler):
     def fn():
         x = torch.randn(3, dtype=torch.cfloat, requires_grad=True)

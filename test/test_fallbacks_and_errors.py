@@ -34,7 +34,7 @@ def test_create_graph_falls_back_to_eager_and_double_backward_works():
         return [gx.detach(), ggx]
 
     with pytest.warns(UserWarning, match="create_graph=True"):
-        check_against_eager(fn)
+        check_against_eager(fn, falls_back=True)
     # The first-order backward builds a graph, so it runs eagerly; the
     # second-order one is an ordinary backward and is compiled.
     assert eager_fallbacks() == 1
@@ -61,7 +61,7 @@ def test_third_order_gradients_through_create_graph_backwards_match_eager(compil
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the fallback's warning: the test above
-        check_against_eager(physics_informed_step, COMPILERS[compiler_name])
+        check_against_eager(physics_informed_step, COMPILERS[compiler_name], falls_back=True)
     assert eager_fallbacks() == 2
     assert captures() == 1
 
@@ -189,7 +189,7 @@ def check_backward_falls_back_to_eager(fn, warning):
     does not send the user to the legacy engine, which raises or crashes on
     these backwards."""
     with pytest.warns(UserWarning, match=warning) as caught:
-        check_against_eager(fn, COMPILERS["aot_eager"])
+        check_against_eager(fn, COMPILERS["aot_eager"], falls_back=True)
     assert not [w for w in fallback_warnings(caught) if "legacy" in str(w.message)]
     assert eager_fallbacks() == 1
     assert captures() == 0

@@ -248,7 +248,7 @@ void collect_accumulate_grad(CompiledNodeArgs& args, AccumulateGrad& fn) {
     args.collect(variable);
     const at::Tensor& grad = variable.grad();
     TORCH_CHECK(
-        !grad.defined() ||
+        !grad.defined() || grad.layout() != c10::kStrided ||
             at::has_internal_overlap(grad) != at::MemOverlap::Yes,
         "the .grad of a leaf the backward accumulates into has elements "
         "that share memory (e.g. an expanded tensor), which eager's "
