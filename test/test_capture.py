@@ -102,11 +102,10 @@ def forward(self, inputs, sizes, scalars, hooks, packed_data):
     getitem_2 = apply_with_saved[0];  apply_with_saved = None
     apply_with_saved_1 = torch._compiled_autograd.apply_with_saved(1, [getitem_2], [], related_sizes, (0, 2), scalars, (0, 0));  getitem_2 = None
     getitem_3 = apply_with_saved_1[0];  apply_with_saved_1 = None
-    getitem_4 = hooks[0];  hooks = None
-    call_hook = torch._compiled_autograd.call_hook(getitem_4, getitem_3, hook_type = 'tensor_pre_hook');  getitem_4 = getitem_3 = None
+    call_hook = torch._compiled_autograd.call_hook(hooks, 0, getitem_3, hook_type = 'tensor_pre_hook');  hooks = getitem_3 = None
     apply_with_saved_2 = torch._compiled_autograd.apply_with_saved(2, [call_hook], [getitem_1], related_sizes, (2, 3), scalars, (0, 0));  call_hook = related_sizes = scalars = None
-    getitem_5 = apply_with_saved_2[0];  apply_with_saved_2 = None
-    accumulate_grad = torch._compiled_autograd.accumulate_grad(getitem_1, getitem_5);  getitem_1 = getitem_5 = accumulate_grad = None
+    getitem_4 = apply_with_saved_2[0];  apply_with_saved_2 = None
+    accumulate_grad = torch._compiled_autograd.accumulate_grad(getitem_1, getitem_4);  getitem_1 = getitem_4 = accumulate_grad = None
     _exec_final_callbacks_stub = torch__dynamo_external_utils__exec_final_callbacks_stub();  _exec_final_callbacks_stub = None
     return []""",
         )

@@ -310,6 +310,26 @@ def test_a_hook_registering_a_hook_on_a_node_yet_to_run_raises_rather_than_skip_
             backward()
 
 
+def test_a_hook_replacing_a_hook_of_a_node_yet_to_run_raises(compiler):
+    # One hook removed and one registered leave the node's count as it was.
+    def backward():
+        x = torch.randn(3, requires_grad=True)
+        y = x * 2
+        handle = y.register_hook(lambda g: g + 1)
+        z = y * 3
+
+        def replace(g):
+            handle.remove()
+            y.register_hook(lambda g: g * 10)
+
+        z.register_hook(replace)
+        z.sum().backward()
+
+    with compiled_autograd(compiler):
+        with pytest.raises(RuntimeError, match="a hook was registered on .* while this backward ran"):
+            backward()
+
+
 def test_a_hook_removing_itself_after_it_ran_runs_as_in_eager(compiler):
     def fn():
         x = torch.randn(3, requires_grad=True)
@@ -325,6 +345,186 @@ def test_a_hook_removing_itself_after_it_ran_runs_as_in_eager(compiler):
             handles.append(y.register_hook(once))
             (y * y).sum().backward()
             grads.append(x.grad.clone())
+        return grads
+
+    check_against_eager(fn, compiler)
+
+
+# Hooks that must not run: each would scale gradients by 100.
+def times_100(grad):
+    return grad * 100
+
+
+def each_times_100(grads, *seen):
+    return tuple(g * 100 for g in grads)
+
+
+def grad_times_100(leaf):
+    leaf.grad.mul_(100)
+
+
+class RemovingBackward(torch.autograd.Function):
+    """Identity whose backward removes ``handle``."""
+
+    @staticmethod
+    def forward(ctx, x, handle):
+        ctx.handle = handle
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.handle.remove()
+        return grad, None
+
+
+# Each builds x -> y = x * 2 -> z = y * 3 (z's node runs first, x's
+# AccumulateGrad last), registers a hook that must not run and a hook, or a
+# Function, that removes it while the backward runs, and returns the loss.
+def remove_from_z(handle_of_hook, z):
+    z.register_hook(lambda g: handle_of_hook.remove())
+
+
+def intermediate_tensor_hook(x):
+    y = x * 2
+    z = y * 3
+    remove_from_z(y.register_hook(times_100), z)
+    return z.sum()
+
+
+def leaf_tensor_hook(x):
+    y = x * 2
+    z = y * 3
+    remove_from_z(x.register_hook(times_100), z)
+    return z.sum()
+
+
+def node_pre_hook(x):
+    y = x * 2
+    z = y * 3
+    remove_from_z(y.grad_fn.register_prehook(each_times_100), z)
+    return z.sum()
+
+
+def node_post_hook(x):
+    y = x * 2
+    z = y * 3
+    remove_from_z(y.grad_fn.register_hook(each_times_100), z)
+    return z.sum()
+
+
+def post_accumulate_grad_hook(x):
+    y = x * 2
+    z = y * 3
+    remove_from_z(x.register_post_accumulate_grad_hook(grad_times_100), z)
+    return z.sum()
+
+
+def post_hook_of_the_node_whose_tensor_hook_removes_it(x):
+    y = x * 2
+    handle = y.grad_fn.register_hook(each_times_100)
+    y.register_hook(lambda g: handle.remove())
+    return (y * 3).sum()
+
+
+def by_a_functions_backward(x):
+    y = x * 2
+    handle = y.register_hook(times_100)
+    return RemovingBackward.apply(y * 3, handle).sum()
+
+
+def one_of_two_tensors_sharing_the_hook(x):
+    y1 = x * 2
+    y2 = x * 3
+    handle = y1.register_hook(times_100)
+    y2.register_hook(times_100)
+    z = y1 + y2
+    remove_from_z(handle, z)
+    return z.sum()
+
+
+def one_of_two_registrations_on_one_tensor(x):
+    y = x * 2
+    y.register_hook(times_100)
+    y.register_hook(lambda g: g + 1)
+    handle = y.register_hook(times_100)
+    z = y * 3
+    remove_from_z(handle, z)
+    return z.sum()
+
+
+def by_a_hook_of_a_backward_that_a_hook_runs(x):
+    y = x * 2
+    handle = y.register_hook(times_100)
+    a = torch.ones(2, requires_grad=True)
+    b = a * 5
+    b.register_hook(lambda g: handle.remove())
+    b_sum = b.sum()
+    z = y * 3
+    z.register_hook(lambda g: torch.autograd.grad(b_sum, a) and None)
+    return z.sum()
+
+
+@pytest.mark.parametrize(
+    "removed",
+    [
+        intermediate_tensor_hook,
+        leaf_tensor_hook,
+        node_pre_hook,
+        node_post_hook,
+        post_accumulate_grad_hook,
+        post_hook_of_the_node_whose_tensor_hook_removes_it,
+        by_a_functions_backward,
+        one_of_two_tensors_sharing_the_hook,
+        one_of_two_registrations_on_one_tensor,
+        by_a_hook_of_a_backward_that_a_hook_runs,
+    ],
+    ids=lambda removed: removed.__name__,
+)
+def test_a_hook_removed_before_its_nodes_turn_does_not_run(compiler, removed):
+    # Eager reads a node's hooks when the node's turn comes (x.grad 6 here);
+    # the captured graph lifted the hook when the backward started (600).
+    def fn():
+        x = torch.ones(3, requires_grad=True)
+        grads = []
+        for _ in range(3):
+            removed(x).backward()
+            grads.append(x.grad.clone())
+            x.grad = None
+        return grads
+
+    check_against_eager(fn, compiler)
+
+
+def test_a_hook_removed_by_an_earlier_hook_of_its_dict_still_runs(compiler):
+    # Eager reads the tensor's hooks once, before calling the first one.
+    def fn():
+        x = torch.ones(3, requires_grad=True)
+        grads = []
+        for _ in range(3):
+            z = x * 2
+            handles = []
+            z.register_hook(lambda g: handles.pop().remove())
+            handles.append(z.register_hook(times_100))
+            z.sum().backward()
+            grads.append(x.grad.clone())
+            x.grad = None
+        return grads
+
+    check_against_eager(fn, compiler)
+
+
+def test_removing_a_hook_whose_node_ran_changes_nothing(compiler):
+    def fn():
+        x = torch.ones(3, requires_grad=True)
+        grads = []
+        for _ in range(3):
+            y = x * 2
+            z = y * 3
+            handle = z.register_hook(times_100)
+            y.register_hook(lambda g: handle.remove())
+            z.sum().backward()
+            grads.append(x.grad.clone())
+            x.grad = None
         return grads
 
     check_against_eager(fn, compiler)

@@ -202,7 +202,7 @@ def python_autograd(
         for is_python, hook_idx, input_nr in node.tensor_pre_hooks:
             if is_python:
                 grads[input_nr] = ops.call_hook(
-                    hooks[hook_idx], grads[input_nr], hook_type="tensor_pre_hook"
+                    hooks, hook_idx, grads[input_nr], hook_type="tensor_pre_hook"
                 )
             else:
                 grads[input_nr] = ops.call_cpp_tensor_pre_hook(
@@ -214,14 +214,12 @@ def python_autograd(
 
         for hook_idx in node.pre_hooks:
             grads = _unpack(
-                ops.call_hook(hooks[hook_idx], grads, hook_type="pre_hook"),
+                ops.call_hook(hooks, hook_idx, grads, hook_type="pre_hook"),
                 node.num_inputs,
             )
         outputs = _apply(ops, node_idx, node, grads, lifted)
         for hook_idx in node.post_hooks:
-            outputs = ops.call_hook(
-                hooks[hook_idx], outputs, grads, hook_type="post_hook"
-            )
+            outputs = ops.call_hook(hooks, hook_idx, outputs, grads, hook_type="post_hook")
 
         for output_nr, edge in enumerate(node.next_edges):
             if edge is None:
@@ -258,7 +256,7 @@ def _apply(ops: Any, node_idx: int, node: BackwardNode, grads: list[Any], lifted
         if variable is not None:
             ops.accumulate_grad(variable, grads[0])
         for hook_idx in node.post_acc_grad_hooks:
-            ops.call_hook(hooks[hook_idx], variable, hook_type="post_acc_grad_hook")
+            ops.call_hook(hooks, hook_idx, variable, hook_type="post_acc_grad_hook")
         return []
     if node.kind == NodeKind.EAGER:
         return ops.apply_eagerly(node_idx, grads)
@@ -283,7 +281,7 @@ def _apply(ops: Any, node_idx: int, node: BackwardNode, grads: list[Any], lifted
     )
     # Eager unpacks a saved variable when its node runs: so do we.
     unpacked = [
-        ops.call_hook(hooks[hook_idx], lifted.packed_data[data_idx], hook_type="unpack_hook")
+        ops.call_hook(hooks, hook_idx, lifted.packed_data[data_idx], hook_type="unpack_hook")
         for hook_idx, data_idx in node.unpack_hooks
     ]
     return apply(
@@ -749,9 +747,18 @@ def call_cpp_tensor_pre_hook(
     return _C.call_cpp_tensor_pre_hook(node_idx, hook_idx, grad)
 
 
-def call_hook(hook: Callable[..., Any], *args: Any, hook_type: str) -> Any:
-    """Calls a Python hook the way the eager engine does: node pre- and
-    post-hooks see tuples, and a hook returning None changes nothing."""
+def call_hook(hooks: list[Any], hook_idx: int, *args: Any, hook_type: str) -> Any:
+    """Calls the Python hook ``hooks[hook_idx]`` the way the eager engine
+    does: node pre- and post-hooks see tuples, and a hook returning None
+    changes nothing.
+
+    The hook is read from the list when it is called, and the list's last
+    item records the hook called last: a hook removed while the graph runs,
+    before its node's turn, has been replaced by :func:`_removed_hook`
+    (``skip_hook_removed_before_its_turn``, node_apply.h)."""
+    if hook_type != "unpack_hook":
+        hooks[-1][0] = hook_idx
+    hook = hooks[hook_idx]
     if hook_type in ("pre_hook", "post_hook"):
         # A pre-hook may replace the gradients it gets; a post-hook, the
         # outputs it gets first (it also sees the node's input gradients).
@@ -772,6 +779,22 @@ def call_hook(hook: Callable[..., Any], *args: Any, hook_type: str) -> Any:
         return args[0]
     _check_tensor_hook_result(args[0], result, hook)
     return result
+
+
+def _removed_hook(*args: Any) -> None:
+    """Stands in for a hook removed while the backward runs, before its
+    node's turn: the eager engine would not call it. Returning None changes
+    nothing, for every kind of hook."""
+
+
+def _skip_hook_removed_before_its_turn(hooks_dict: dict[Any, Any], key: Any) -> None:
+    """``RemovableHandle.remove`` calls this before it deletes
+    ``hooks_dict[key]``; see ``skip_hook_removed_before_its_turn`` in
+    node_apply.h."""
+    _C.skip_hook_removed_before_its_turn(hooks_dict, key, _removed_hook)
+
+
+torch.utils.hooks._before_hook_removal = _skip_hook_removed_before_its_turn
 
 
 def _check_node_hook_result(previous: tuple[Any, ...], result: Any, hook: Any) -> None:

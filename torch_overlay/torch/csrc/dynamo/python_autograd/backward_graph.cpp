@@ -1,6 +1,7 @@
 #include <torch/csrc/dynamo/python_autograd/backward_graph.h>
 
 #include <ATen/MemoryOverlap.h>
+#include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/autograd/cpp_hook.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
@@ -134,37 +135,49 @@ PyObject* python_hook_dict(const Base& hook, const char* mangled_name) {
       : nullptr;
 }
 
+// The dict a Python hook object keeps its functions in; null for C++ hooks.
+PyObject* python_dict_of(const torch::autograd::FunctionPreHook& hook) {
+  using namespace torch::autograd;
+  PyObject* dict = python_hook_dict<PyFunctionTensorPreHook>(
+      hook, "N5torch8autograd23PyFunctionTensorPreHookE");
+  return dict != nullptr ? dict
+                         : python_hook_dict<PyFunctionPreHook>(
+                               hook, "N5torch8autograd17PyFunctionPreHookE");
+}
+
+PyObject* python_dict_of(const torch::autograd::FunctionPostHook& hook) {
+  return python_hook_dict<torch::autograd::PyFunctionPostHook>(
+      hook, "N5torch8autograd18PyFunctionPostHookE");
+}
+
+PyObject* python_dict_of(const CppTensorPreHooks& /*hooks*/) {
+  return nullptr;
+}
+
+PyObject* python_dict_of(const torch::autograd::PostAccumulateGradHook& hook) {
+  return python_hook_dict<torch::autograd::PyFunctionTensorPostAccGradHooks>(
+      hook, "N5torch8autograd32PyFunctionTensorPostAccGradHooksE");
+}
+
 size_t functions_in(PyObject* dict) {
   return dict == nullptr ? 1 : static_cast<size_t>(PyDict_Size(dict));
 }
 
 size_t hook_functions(const torch::autograd::FunctionPreHook& hook) {
-  using namespace torch::autograd;
   if (is_cpp_tensor_pre_hook(hook)) {
     const auto& functions =
-        *static_cast<const CppFunctionTensorPreHook&>(hook).hooks_;
+        *static_cast<const torch::autograd::CppFunctionTensorPreHook&>(hook)
+             .hooks_;
     return std::count_if(functions.begin(), functions.end(), [](const auto& f) {
       return static_cast<bool>(f);
     });
   }
-  PyObject* dict = python_hook_dict<PyFunctionTensorPreHook>(
-      hook, "N5torch8autograd23PyFunctionTensorPreHookE");
-  if (dict == nullptr) {
-    dict = python_hook_dict<PyFunctionPreHook>(
-        hook, "N5torch8autograd17PyFunctionPreHookE");
-  }
-  return functions_in(dict);
+  return functions_in(python_dict_of(hook));
 }
 
-size_t hook_functions(const torch::autograd::FunctionPostHook& hook) {
-  return functions_in(python_hook_dict<torch::autograd::PyFunctionPostHook>(
-      hook, "N5torch8autograd18PyFunctionPostHookE"));
-}
-
-size_t hook_functions(const torch::autograd::PostAccumulateGradHook& hook) {
-  return functions_in(
-      python_hook_dict<torch::autograd::PyFunctionTensorPostAccGradHooks>(
-          hook, "N5torch8autograd32PyFunctionTensorPostAccGradHooksE"));
+template <typename Hook>
+size_t hook_functions(const Hook& hook) {
+  return functions_in(python_dict_of(hook));
 }
 
 } // namespace
@@ -188,6 +201,29 @@ size_t registered_hooks(Node& fn) {
 
 namespace {
 
+// Lifts a hook object's functions with its own compiled_args and, for a
+// Python hook object, records which dict and keys they came from.
+template <typename Hook>
+void lift_hook(CompiledNodeArgs& args, NodeRecord& record, const Hook& hook) {
+  const auto& lifted = record.call->hooks;
+  size_t begin = lifted.size();
+  hook.compiled_args(args);
+  PyObject* dict = python_dict_of(hook);
+  if (dict == nullptr || lifted.size() == begin) {
+    return;
+  }
+  LiftedHookDict& from = record.hook_dicts.emplace_back(
+      LiftedHookDict{dict, static_cast<int>(begin), {}});
+  PyObject* key = nullptr;
+  PyObject* value = nullptr;
+  Py_ssize_t position = 0;
+  while (PyDict_Next(dict, &position, &key, &value)) {
+    Py_INCREF(key);
+    from.keys.emplace_back(key, getPyInterpreter());
+  }
+  TORCH_INTERNAL_ASSERT(from.keys.size() == lifted.size() - begin);
+}
+
 // Collects the node's hooks the way CompiledNodeArgs::collect(NodeCall) does,
 // but one hook at a time, so that Python and C++ tensor pre-hooks keep the
 // relative order in which the eager engine calls them.
@@ -197,7 +233,7 @@ void collect_hooks(CompiledNodeArgs& args, NodeRecord& record) {
   auto collect_tensor_pre_hook = [&](const auto& hook) {
     size_t python_before = node_call.tensor_pre_hooks.size();
     size_t cpp_before = node_call.cpp_tensor_pre_hooks.size();
-    hook->compiled_args(args);
+    lift_hook(args, record, hook);
     for (size_t i = python_before; i < node_call.tensor_pre_hooks.size(); ++i) {
       const auto& [index, input_nr] = node_call.tensor_pre_hooks[i];
       record.tensor_pre_hooks.push_back({true, index, input_nr});
@@ -210,21 +246,21 @@ void collect_hooks(CompiledNodeArgs& args, NodeRecord& record) {
   };
   for (const auto& hook : fn.tensor_pre_hooks()) {
     if (is_cpp_tensor_pre_hook(*hook)) {
-      collect_tensor_pre_hook(std::make_unique<CppTensorPreHooks>(
+      collect_tensor_pre_hook(CppTensorPreHooks(
           static_cast<const torch::autograd::CppFunctionTensorPreHook&>(
               *hook)));
     } else {
-      collect_tensor_pre_hook(hook);
+      collect_tensor_pre_hook(*hook);
     }
   }
   for (const auto& [_, hook] : fn.retains_grad_hooks()) {
-    collect_tensor_pre_hook(hook);
+    collect_tensor_pre_hook(*hook);
   }
   for (const auto& hook : fn.pre_hooks()) {
-    hook->compiled_args(args);
+    lift_hook(args, record, *hook);
   }
   for (const auto& hook : fn.post_hooks()) {
-    hook->compiled_args(args);
+    lift_hook(args, record, *hook);
   }
   args.collect(node_call.graph_output);
   args.collect_size(record.tensor_pre_hooks.size());
@@ -242,7 +278,10 @@ void collect_hooks(CompiledNodeArgs& args, NodeRecord& record) {
 // in the backend's compile, with Dynamo's BackendCompilerFailed; raising a
 // c10::Error here runs the backward on the eager engine, which raises its
 // own error.
-void collect_accumulate_grad(CompiledNodeArgs& args, AccumulateGrad& fn) {
+void collect_accumulate_grad(
+    CompiledNodeArgs& args,
+    NodeRecord& record,
+    AccumulateGrad& fn) {
   const at::Tensor& variable = fn.variable;
   if (args.cond(variable.defined() && variable.requires_grad())) {
     args.collect(variable);
@@ -255,7 +294,7 @@ void collect_accumulate_grad(CompiledNodeArgs& args, AccumulateGrad& fn) {
         "in-place accumulation refuses");
   }
   if (const auto& hook = fn.tensor_post_acc_grad_hooks(); hook != nullptr) {
-    hook->compiled_args(args);
+    lift_hook(args, record, *hook);
   }
 }
 
@@ -526,7 +565,8 @@ class Collector {
     if (args.cond(record.needed)) {
       switch (record.kind) {
         case NodeKind::kAccumulateGrad:
-          collect_accumulate_grad(args, static_cast<AccumulateGrad&>(*fn));
+          collect_accumulate_grad(
+              args, record, static_cast<AccumulateGrad&>(*fn));
           break;
         case NodeKind::kEager:
           // Runs as itself, on its own saved values: nothing to lift. Its
@@ -593,6 +633,9 @@ class Collector {
     }
     call.hooks.clear();
     auto to_global = [hooks_begin](int local) { return hooks_begin + local; };
+    for (auto& from : record.hook_dicts) {
+      from.begin = to_global(from.begin);
+    }
     for (auto& hook : record.tensor_pre_hooks) {
       if (hook.is_python) {
         hook.index = to_global(hook.index);

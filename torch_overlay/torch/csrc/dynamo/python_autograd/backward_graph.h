@@ -68,6 +68,18 @@ struct RecycleCall {
 };
 using PooledCall = std::unique_ptr<AutogradCompilerCall, RecycleCall>;
 
+// The functions a Python hook object (a Tensor's, a Node's pre- or
+// post-hooks, a leaf's post-accumulate-grad hooks) keeps in a dict, lifted
+// into consecutive hook indices in the dict's order. A handle's remove()
+// names the dict and key; the eager engine reads each dict when its node's
+// turn comes (see skip_hook_removed_before_its_turn).
+struct LiftedHookDict {
+  PyObject* dict; // borrowed: owned by the hook object the node owns
+  int begin; // index of the first function: the node's own index until the
+             // node's hooks join BackwardGraph::hooks, then the global one
+  std::vector<c10::SafePyObject> keys;
+};
+
 struct NodeRecord {
   c10::intrusive_ptr<Node> node;
   // Owns what compiled_args collected for this node alone; kept alive until
@@ -99,6 +111,7 @@ struct NodeRecord {
   // Saved variables with saved-tensor hooks, by the node's packed input id:
   // (global index of the unpack hook, global index of the packed data).
   std::vector<std::pair<int, int>> unpack_hooks;
+  std::vector<LiftedHookDict> hook_dicts;
   // Per next edge: (position of the target node, input_nr), or nullopt when
   // the edge is invalid or its target does not run in this backward.
   std::vector<std::optional<std::pair<int, int>>> next_edges;
@@ -117,6 +130,8 @@ struct NodeRecord {
   // registered_hooks(*node) when the graph was collected: the captured graph
   // runs these hooks, so one registered while it runs would not run.
   size_t hooks_registered = 0;
+  // How many of those were removed while the graph ran.
+  size_t hooks_removed = 0;
 };
 
 struct BackwardGraph {
@@ -133,6 +148,9 @@ struct BackwardGraph {
   // What saved-tensor pack hooks returned, for the unpack hooks.
   std::vector<c10::SafePyObject> packed_data;
   size_t num_outputs = 0;
+  // While the captured graph runs: the list it reads the hooks from, whose
+  // last item is [index of the hook the graph called last] (call_hook).
+  PyObject* running_hooks = nullptr;
 };
 
 // Why a backward cannot run on the Python engine; it runs on the eager engine.

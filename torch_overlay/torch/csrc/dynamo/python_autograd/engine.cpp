@@ -21,6 +21,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <c10/util/ScopeExit.h>
 
 #include <array>
 #include <optional>
@@ -413,11 +414,18 @@ variable_list run_compiled(const py::object& compiled, BackwardGraph& graph) {
     hooks.append(py::reinterpret_steal<py::object>(hook.release()));
   }
   graph.hooks.clear();
+  // call_hook keeps here the index of the hook it called last.
+  py::list progress;
+  progress.append(-1);
+  hooks.append(progress);
   py::list packed_data;
   for (auto& packed : graph.packed_data) {
     packed_data.append(py::reinterpret_steal<py::object>(packed.release()));
   }
   graph.packed_data.clear();
+  graph.running_hooks = hooks.ptr();
+  auto not_running =
+      c10::make_scope_exit([&graph] { graph.running_hooks = nullptr; });
   py::object result = compiled(tensors, sizes, scalars, hooks, packed_data);
   return gradients_returned(result, graph.num_outputs);
 }
@@ -429,7 +437,8 @@ variable_list run_compiled(const py::object& compiled, BackwardGraph& graph) {
 // may differ from eager's.
 void refuse_hooks_registered_while_running(const BackwardGraph& graph) {
   for (const auto& record : graph.nodes) {
-    if (registered_hooks(*record.node) > record.hooks_registered) {
+    if (registered_hooks(*record.node) + record.hooks_removed >
+        record.hooks_registered) {
       TORCH_CHECK(
           false,
           "compiled autograd: a hook was registered on ",
@@ -547,6 +556,13 @@ PYBIND11_MODULE(_compiled_autograd_C, m) {
       "Routes every backward to the Python engine (True) or to nothing "
       "(False: eager autograd, unless the legacy engine installs itself); "
       "`symbolic` selects the cache of graphs compiled with symbolic sizes.");
+  m.def(
+      "skip_hook_removed_before_its_turn",
+      [](py::handle dict, py::handle key, py::handle stand_in) {
+        ActiveBackward::skip_hook_removed_before_its_turn(
+            dict.ptr(), key.ptr(), stand_in.ptr());
+      },
+      "Called before a RemovableHandle deletes dict[key]; see node_apply.h.");
   m.def("clear_cache", []() {
     for (auto& cache : all_compiled_graphs()) {
       cache.last_used = nullptr;

@@ -1,10 +1,13 @@
 #include <torch/csrc/dynamo/python_autograd/node_apply.h>
 
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/python_function.h>
 #include <torch/csrc/dynamo/python_autograd/compiler_interface.h>
 #include <torch/csrc/python_headers.h>
+#include <torch/csrc/utils/pybind.h>
 
 namespace torch::dynamo::python_autograd {
 
@@ -111,6 +114,43 @@ NodeRecord& ActiveBackward::node(int64_t node_idx) {
       nodes.size(),
       " nodes");
   return nodes[node_idx];
+}
+
+void ActiveBackward::skip_hook_removed_before_its_turn(
+    PyObject* dict,
+    PyObject* key,
+    PyObject* stand_in) {
+  for (BackwardGraph* graph : active_backwards) {
+    PyObject* hooks = graph->running_hooks;
+    if (hooks == nullptr) {
+      continue;
+    }
+    py::handle progress = PyList_GET_ITEM(hooks, PyList_GET_SIZE(hooks) - 1);
+    auto last_called = py::cast<int64_t>(progress[py::int_(0)]);
+    for (auto& record : graph->nodes) {
+      for (const auto& from : record.hook_dicts) {
+        if (from.dict != dict) {
+          continue;
+        }
+        for (size_t i = 0; i < from.keys.size(); ++i) {
+          int equal = PyObject_RichCompareBool(
+              from.keys[i].ptr(getPyInterpreter()), key, Py_EQ);
+          if (equal < 0) {
+            throw python_error();
+          }
+          if (equal == 0) {
+            continue;
+          }
+          ++record.hooks_removed;
+          if (from.begin > last_called) {
+            Py_INCREF(stand_in);
+            PyList_SetItem(
+                hooks, static_cast<Py_ssize_t>(from.begin + i), stand_in);
+          }
+        }
+      }
+    }
+  }
 }
 
 variable_list apply_with_saved(

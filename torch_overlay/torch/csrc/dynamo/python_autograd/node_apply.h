@@ -20,6 +20,20 @@ class ActiveBackward {
 
   // The node at `node_idx` of the innermost active backward on this thread.
   static NodeRecord& node(int64_t node_idx);
+
+  // A RemovableHandle is about to delete `dict[key]`. The eager engine reads
+  // a hook dict when its node's turn comes, so a hook removed before then
+  // does not run, and one removed after (by a hook of the same dict, or
+  // later) still runs or already ran. In every active backward on this
+  // thread whose graph has not yet called a hook of that dict, the hook is
+  // replaced in the running graph's hooks list by `stand_in`, a hook that
+  // does nothing. The graph reads a hook from the list when it calls it,
+  // and under Dynamo a handle's remove() is a graph break, after which
+  // Dynamo reads the list again. GIL held.
+  static void skip_hook_removed_before_its_turn(
+      PyObject* dict,
+      PyObject* key,
+      PyObject* stand_in);
 };
 
 // Node::apply_with_saved with the node's saved tensors, sizes and scalars
