@@ -530,6 +530,52 @@ def test_removing_a_hook_whose_node_ran_changes_nothing(compiler):
     check_against_eager(fn, compiler)
 
 
+@torch._dynamo.disable
+def record_compiled_autograd_flags(seen):
+    from torch._dynamo import compiled_autograd as frontend
+
+    seen.append((frontend.compiled_autograd_enabled, frontend.active_disable_ctx))
+
+
+def test_compiled_autograd_is_off_in_every_hook_of_a_running_graph(compiler):
+    # AOTAutograd and Inductor compile the graph's frames inside
+    # compiled_autograd._disable(), whose exit used to turn it back on for
+    # the rest of the run (patches/0018).
+    x = torch.ones(3, requires_grad=True)
+    seen = []
+    y = x * 2
+    y.register_hook(lambda g: record_compiled_autograd_flags(seen))
+    z = y * 3
+    z.register_hook(lambda g: record_compiled_autograd_flags(seen))
+    with compiled_autograd(compiler):
+        z.sum().backward()
+    assert seen == [(False, True), (False, True)]
+
+
+def test_a_hook_running_a_backward_of_an_intermediate_with_a_hook(compiler):
+    # The inner backward runs eagerly. When compiled autograd was wrongly on
+    # (above), Dynamo moved the inner hook into a BackwardState, which only
+    # a captured graph can run: "BackwardState requires CompiledAutograd".
+    def fn():
+        x = torch.ones(3, requires_grad=True)
+        inner_grads = []
+
+        def run_a_backward(g):
+            with torch.enable_grad():
+                a = torch.ones(2, requires_grad=True)
+                b = a * 5
+                b.register_hook(lambda g: g * 2)
+                inner_grads.append(torch.autograd.grad(b.sum(), a)[0])
+
+        for _ in range(2):
+            z = x * 2 * 3
+            z.register_hook(run_a_backward)
+            z.sum().backward()
+        return [x.grad] + inner_grads
+
+    check_against_eager(fn, compiler)
+
+
 FULLGRAPH_COMPILERS = {
     "no_dynamo": COMPILERS["no_dynamo"],
     # Dynamo traces queue_callback only with fullgraph=True (its own assertion
