@@ -62,7 +62,7 @@ def hook_scenario() -> bool:
         x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
         y = x**2
         seen = []
-        y.register_hook(lambda grad: seen.append(grad) or 2 * grad)
+        y.register_hook(lambda grad, seen=seen: seen.append(grad) or 2 * grad)
         loss = y.sum()
         if engine == "eager":
             loss.backward()

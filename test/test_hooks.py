@@ -503,7 +503,7 @@ def test_a_hook_removed_by_an_earlier_hook_of_its_dict_still_runs(compiler):
         for _ in range(3):
             z = x * 2
             handles = []
-            z.register_hook(lambda g: handles.pop().remove())
+            z.register_hook(lambda g, handles=handles: handles.pop().remove())
             handles.append(z.register_hook(times_100))
             z.sum().backward()
             grads.append(x.grad.clone())
@@ -521,7 +521,7 @@ def test_removing_a_hook_whose_node_ran_changes_nothing(compiler):
             y = x * 2
             z = y * 3
             handle = z.register_hook(times_100)
-            y.register_hook(lambda g: handle.remove())
+            y.register_hook(lambda g, handle=handle: handle.remove())
             z.sum().backward()
             grads.append(x.grad.clone())
             x.grad = None
