@@ -1,6 +1,7 @@
 """Property test: random autograd graphs (elementwise, reductions, views,
-matmul, indexing, in-place ops, tensors used several times, random hooks)
-give eager's gradients and hook calls: bit for bit without Dynamo, within
+matmul, indexing, in-place ops, tensors used several times, random hooks,
+some of which remove other hooks while the backward runs) give eager's
+gradients and hook calls: bit for bit without Dynamo, within
 assert_close through Dynamo with aot_eager and with Inductor.
 
 `make test` runs 200 examples without Dynamo and 10 per Dynamo backend, `make fuzz`
@@ -60,7 +61,10 @@ def programs(draw):
         else:
             name = draw(st.sampled_from(sorted(BINARY)))
             args = (draw(st.integers(0, pool - 1)), draw(st.integers(0, pool - 1)))
-        hook = draw(st.sampled_from([None, "record", "scale", "record_and_scale"]))
+        hook = draw(st.sampled_from([None, "record", "scale", "record_and_scale", "record_and_remove"]))
+        if hook == "record_and_remove":
+            # Removes the hook of that op, if it has one (its own included).
+            hook = (hook, draw(st.integers(0, 7)))
         ops.append((name, args, hook))
     seed = draw(st.integers(0, 2**16))
     outputs = draw(st.lists(st.integers(0, num_leaves + len(ops) - 1), min_size=1, max_size=3))
@@ -74,11 +78,12 @@ def run_program(program):
     leaves = [torch.randn(SHAPE, generator=generator).requires_grad_() for _ in range(num_leaves)]
     values = list(leaves)
     log = []
+    handles = {}
     for i, (name, args, hook) in enumerate(ops):
         fn = UNARY.get(name) or BINARY[name]
         value = fn(*(values[a] for a in args))
         if hook is not None:
-            value.register_hook(_hook(hook, i, log))
+            handles[i] = value.register_hook(_hook(hook, i, log, handles))
         values.append(value)
     loss = sum(values[o].sum() for o in outputs)
     if loss.requires_grad:
@@ -87,10 +92,14 @@ def run_program(program):
     return grads, log
 
 
-def _hook(kind, index, log):
+def _hook(kind, index, log, handles):
+    kind, removed = kind if isinstance(kind, tuple) else (kind, None)
+
     def hook(grad):
         if "record" in kind:
             log.append((index, grad.clone()))
+        if removed in handles:
+            handles[removed].remove()
         return grad * 0.5 if "scale" in kind else None
 
     return hook
