@@ -377,46 +377,19 @@ class RemovingBackward(torch.autograd.Function):
         return grad, None
 
 
-# Each builds x -> y = x * 2 -> z = y * 3 (z's node runs first, x's
-# AccumulateGrad last), registers a hook that must not run and a hook, or a
-# Function, that removes it while the backward runs, and returns the loss.
-def remove_from_z(handle_of_hook, z):
-    z.register_hook(lambda g: handle_of_hook.remove())
+def removed_by_a_hook_of_z(register):
+    """Builds x -> y = x * 2 -> z = y * 3 (z's node runs first, x's
+    AccumulateGrad last) with ``register(x, y)``'s hook, one that must not
+    run, removed by a hook of z; returns the loss."""
 
+    def build_loss(x):
+        y = x * 2
+        handle = register(x, y)
+        z = y * 3
+        z.register_hook(lambda g: handle.remove())
+        return z.sum()
 
-def intermediate_tensor_hook(x):
-    y = x * 2
-    z = y * 3
-    remove_from_z(y.register_hook(times_100), z)
-    return z.sum()
-
-
-def leaf_tensor_hook(x):
-    y = x * 2
-    z = y * 3
-    remove_from_z(x.register_hook(times_100), z)
-    return z.sum()
-
-
-def node_pre_hook(x):
-    y = x * 2
-    z = y * 3
-    remove_from_z(y.grad_fn.register_prehook(each_times_100), z)
-    return z.sum()
-
-
-def node_post_hook(x):
-    y = x * 2
-    z = y * 3
-    remove_from_z(y.grad_fn.register_hook(each_times_100), z)
-    return z.sum()
-
-
-def post_accumulate_grad_hook(x):
-    y = x * 2
-    z = y * 3
-    remove_from_z(x.register_post_accumulate_grad_hook(grad_times_100), z)
-    return z.sum()
+    return build_loss
 
 
 def post_hook_of_the_node_whose_tensor_hook_removes_it(x):
@@ -438,18 +411,14 @@ def one_of_two_tensors_sharing_the_hook(x):
     handle = y1.register_hook(times_100)
     y2.register_hook(times_100)
     z = y1 + y2
-    remove_from_z(handle, z)
+    z.register_hook(lambda g: handle.remove())
     return z.sum()
 
 
-def one_of_two_registrations_on_one_tensor(x):
-    y = x * 2
+def the_second_of_two_registrations_on_y(x, y):
     y.register_hook(times_100)
     y.register_hook(lambda g: g + 1)
-    handle = y.register_hook(times_100)
-    z = y * 3
-    remove_from_z(handle, z)
-    return z.sum()
+    return y.register_hook(times_100)
 
 
 def by_a_hook_of_a_backward_that_a_hook_runs(x):
@@ -464,70 +433,68 @@ def by_a_hook_of_a_backward_that_a_hook_runs(x):
     return z.sum()
 
 
+# Each builds a graph from x with a hook that must not run, and a hook or a
+# Function that removes it while the backward runs; returns the loss.
+REMOVED_BEFORE_THEIR_TURN = {
+    "intermediate_tensor_hook": removed_by_a_hook_of_z(lambda x, y: y.register_hook(times_100)),
+    "leaf_tensor_hook": removed_by_a_hook_of_z(lambda x, y: x.register_hook(times_100)),
+    "node_pre_hook": removed_by_a_hook_of_z(lambda x, y: y.grad_fn.register_prehook(each_times_100)),
+    "node_post_hook": removed_by_a_hook_of_z(lambda x, y: y.grad_fn.register_hook(each_times_100)),
+    "post_accumulate_grad_hook": removed_by_a_hook_of_z(
+        lambda x, y: x.register_post_accumulate_grad_hook(grad_times_100)
+    ),
+    "post_hook_of_the_node_whose_tensor_hook_removes_it": post_hook_of_the_node_whose_tensor_hook_removes_it,
+    "by_a_functions_backward": by_a_functions_backward,
+    "one_of_two_tensors_sharing_the_hook": one_of_two_tensors_sharing_the_hook,
+    "one_of_two_registrations_on_one_tensor": removed_by_a_hook_of_z(the_second_of_two_registrations_on_y),
+    "by_a_hook_of_a_backward_that_a_hook_runs": by_a_hook_of_a_backward_that_a_hook_runs,
+}
+
+
 @pytest.mark.parametrize(
-    "removed",
-    [
-        intermediate_tensor_hook,
-        leaf_tensor_hook,
-        node_pre_hook,
-        node_post_hook,
-        post_accumulate_grad_hook,
-        post_hook_of_the_node_whose_tensor_hook_removes_it,
-        by_a_functions_backward,
-        one_of_two_tensors_sharing_the_hook,
-        one_of_two_registrations_on_one_tensor,
-        by_a_hook_of_a_backward_that_a_hook_runs,
-    ],
-    ids=lambda removed: removed.__name__,
+    "removed", list(REMOVED_BEFORE_THEIR_TURN.values()), ids=list(REMOVED_BEFORE_THEIR_TURN)
 )
 def test_a_hook_removed_before_its_nodes_turn_does_not_run(compiler, removed):
     # Eager reads a node's hooks when the node's turn comes (x.grad 6 here);
     # the captured graph lifted the hook when the backward started (600).
-    def fn():
-        x = torch.ones(3, requires_grad=True)
-        grads = []
-        for _ in range(3):
-            removed(x).backward()
-            grads.append(x.grad.clone())
-            x.grad = None
-        return grads
-
-    check_against_eager(fn, compiler)
+    check_against_eager(lambda: grads_of_three_backwards(removed), compiler)
 
 
-def test_a_hook_removed_by_an_earlier_hook_of_its_dict_still_runs(compiler):
-    # Eager reads the tensor's hooks once, before calling the first one.
-    def fn():
-        x = torch.ones(3, requires_grad=True)
-        grads = []
-        for _ in range(3):
-            z = x * 2
-            handles = []
-            z.register_hook(lambda g, handles=handles: handles.pop().remove())
-            handles.append(z.register_hook(times_100))
-            z.sum().backward()
-            grads.append(x.grad.clone())
-            x.grad = None
-        return grads
-
-    check_against_eager(fn, compiler)
+def by_an_earlier_hook_of_its_tensor(x):
+    z = x * 2
+    handles = []
+    z.register_hook(lambda g: handles.pop().remove())
+    handles.append(z.register_hook(times_100))
+    return z.sum()
 
 
-def test_removing_a_hook_whose_node_ran_changes_nothing(compiler):
-    def fn():
-        x = torch.ones(3, requires_grad=True)
-        grads = []
-        for _ in range(3):
-            y = x * 2
-            z = y * 3
-            handle = z.register_hook(times_100)
-            y.register_hook(lambda g, handle=handle: handle.remove())
-            z.sum().backward()
-            grads.append(x.grad.clone())
-            x.grad = None
-        return grads
+def after_its_node_ran(x):
+    y = x * 2
+    z = y * 3
+    handle = z.register_hook(times_100)
+    y.register_hook(lambda g: handle.remove())
+    return z.sum()
 
-    check_against_eager(fn, compiler)
+
+@pytest.mark.parametrize(
+    "removed", [by_an_earlier_hook_of_its_tensor, after_its_node_ran], ids=lambda removed: removed.__name__
+)
+def test_a_hook_removed_once_its_nodes_turn_came_runs_as_in_eager(compiler, removed):
+    # Eager reads a node's hooks once, before calling the first: a hook that
+    # an earlier hook of its tensor removes still runs.
+    check_against_eager(lambda: grads_of_three_backwards(removed), compiler)
+
+
+def grads_of_three_backwards(build_loss):
+    """x.grad of each of three backwards of ``build_loss(x)``, which
+    registers its hooks anew each time."""
+    x = torch.ones(3, requires_grad=True)
+    grads = []
+    for _ in range(3):
+        build_loss(x).backward()
+        grads.append(x.grad.clone())
+        x.grad = None
+    return grads
 
 
 @torch._dynamo.disable
