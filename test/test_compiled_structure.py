@@ -245,6 +245,90 @@ def test_forward_inputs_marked_dynamic_compile_under_both_size_modes():
                 torch.testing.assert_close(x.grad, (x.sin().cos() * x.cos()).detach())
 
 
+def grads_of_a_compiled_forward(model, compiled_model, x, compiler):
+    """Parameter gradients of ``compiled_model(x)``'s loss, computed eagerly
+    after the compiled region, under compiled autograd; and eager's of
+    ``model(x)``."""
+    model.zero_grad(set_to_none=True)
+    model(x).square().mean().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    with compiled_autograd(compiler):
+        compiled_model(x).square().mean().backward()
+    return expected, [p.grad for p in model.parameters()]
+
+
+@pytest.mark.parametrize("forward_backend", ["aot_eager", "inductor"])
+def test_a_backward_through_a_region_compiled_for_every_batch_size_compiles_once(
+    forward_backend,
+):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
+    )
+    compiled_model = torch.compile(model, backend=forward_backend, dynamic=True)
+    compiler = CountingCompiler()
+    with fresh_cache():
+        for batch in (3, 5, 6, 7):
+            expected, actual = grads_of_a_compiled_forward(
+                model, compiled_model, torch.randn(batch, 16), compiler
+            )
+            for e, a in zip(expected, actual):
+                torch.testing.assert_close(a, e)
+    assert captures() == 1
+    # The region's symbolic sizes: its symints and saved activations' batch
+    # dims, and by value its forward's input and output shapes and the
+    # eagerly computed loss's sizes after it.
+    assert compiler.dynamo_compiles == 1
+
+
+def test_a_backward_through_a_region_compiles_again_only_when_its_forward_does():
+    # Sizes chosen so that no batch size, sequence length or product of them
+    # equals a constant size of the layer: the graph outside the region
+    # relates sizes to the region's symbols by value.
+    torch.manual_seed(0)
+    model = transformer_encoder(layers=1, d_model=40)
+    compiled_model = torch.compile(model, backend="inductor")
+    compiler = CountingCompiler()
+    compiles = []
+    with fresh_cache():
+        for batch, seq in [(6, 22), (7, 22), (9, 22), (6, 15), (6, 13)]:
+            x = transformer_input(batch, seq, d_model=40)
+            expected, actual = grads_of_a_compiled_forward(model, compiled_model, x, compiler)
+            for e, a in zip(expected, actual):
+                torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+            compiles.append((captures(), compiler.dynamo_compiles))
+    # The forward compiles static, then dynamic in the batch size, then in the
+    # sequence length too: each new region is a new capture, compiled once.
+    assert compiles == [(1, 1), (2, 2), (2, 2), (3, 3), (3, 3)]
+    # Inlined, not run as itself: its backward graph (which torch.fx cannot
+    # trace back from its code, for nn.MultiheadAttention's aten.full of
+    # symbolic sizes) came from the live module (patches/0019).
+    assert all("apply_eagerly" not in graph.code for graph in compiler.captured)
+
+
+def test_aot_autograds_serialized_backward_keeps_which_dims_are_symbols():
+    from torch._functorch._aot_autograd.aot_autograd_result import serialize_graph_module
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def full_of_the_batch_size(x):
+        return torch.full([2, x.shape[0]], 3.0) * x
+
+    graph = make_fx(full_of_the_batch_size, tracing_mode="symbolic")(torch.randn(4))
+    serialized = serialize_graph_module(graph)
+    x = torch.randn(5)
+    restored = serialized.deserialize()
+    torch.testing.assert_close(restored(x), 3.0 * x.expand(2, 5))
+    assert restored.meta["placeholder_symbolic_dims"] == ((0,),)
+    # In another process (the module is not pickled) only the code is there,
+    # and torch.fx cannot trace an aten call whose size list holds a
+    # symbolic size back from it.
+    assert "live_module" not in serialized.__getstate__()
+    serialized.live_module = None
+    with pytest.raises(RuntimeError, match="full"):
+        serialized.deserialize()
+
+
 class InductorCountingCompiler(CountingCompiler):
     """torch.compile with Inductor that counts Dynamo's graph compiles."""
 

@@ -461,6 +461,7 @@ class AOTBackward(torch.fx.GraphModule):
         self.aot_id = aot_id
         self.signature = (num_symints, has_backward_state)
         self.prologue = forward_cls._bw_prologue_fn
+        self.symbolic_saved_dims = _symbolic_saved_dims(backward_module, num_symints)
         AOTBackward._by_aot_id[aot_id] = self
 
     @classmethod
@@ -472,6 +473,120 @@ class AOTBackward(torch.fx.GraphModule):
             region = cls(forward_cls, name, num_symints, has_backward_state)
             cls._by_region[forward_cls] = region
         return region
+
+
+def _symbolic_saved_dims(
+    backward_module: torch.fx.GraphModule, num_symints: int
+) -> Optional[tuple[tuple[int, ...], ...]]:
+    """For each tensor a compiled region saved for its backward, in
+    ctx.saved_tensors order, the dims its forward compiled as symbols (a
+    ``torch.compile`` with ``dynamic=True``, or the recompile after a size
+    changed), read off the region's backward graph's inputs -- its symints,
+    then ctx.saved_tensors, then opaque objects and gradients (AOTAutograd's
+    backward prologue). AOTAutograd's cache keeps the graph as code without
+    example values, and what they said (``patches/0019``). None when
+    neither is there."""
+    from torch._functorch._aot_autograd.aot_autograd_result import placeholder_symbolic_dims
+
+    dims = placeholder_symbolic_dims(backward_module) or backward_module.meta.get(
+        "placeholder_symbolic_dims"
+    )
+    if dims is None:
+        return None
+    saved = []
+    for tensor_dims in dims[num_symints:]:
+        if tensor_dims is None:
+            break
+        saved.append(tensor_dims)
+    return tuple(saved)
+
+
+@dataclasses.dataclass(frozen=True)
+class SymbolicInForward:
+    """What a captured graph lifted that a compiled region's forward had as
+    a symbol: the regions' symints (indices into ``sizes``; AOTAutograd
+    saves a size as a symint only when it is one) and the symbolic dims of
+    the tensors they saved (``(index into inputs, dims)``), where a region
+    says which those are (:func:`_symbolic_saved_dims`)."""
+
+    sizes: tuple[int, ...] = ()
+    tensor_dims: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    # The lifted tensors whose symbolic dims a region said (none or some).
+    saved_by_regions: frozenset[int] = frozenset()
+
+
+def _symbolic_in_compiled_forwards(nodes: Sequence["BackwardNode"]) -> SymbolicInForward:
+    """:class:`SymbolicInForward` of the compiled regions among ``nodes``:
+    each symint is one of its node's sizes (they come first), each of
+    ctx.saved_tensors one of the lifted tensors (``saved_layout``)."""
+    sizes: list[int] = []
+    tensor_dims: dict[int, set[int]] = collections.defaultdict(set)
+    for node in nodes:
+        if node.aot_backward is None:
+            continue
+        sizes.extend(range(node.sizes[0], node.sizes[0] + node.num_symints))
+        for position, dims in enumerate(node.aot_backward.symbolic_saved_dims or ()):
+            if position < len(node.saved_layout) and node.saved_layout[position] >= 0:
+                tensor_dims[node.saved_tensors[node.saved_layout[position]]].update(dims)
+    return SymbolicInForward(
+        tuple(sizes),
+        tuple((index, tuple(sorted(dims))) for index, dims in tensor_dims.items() if dims),
+        frozenset(tensor_dims),
+    )
+
+
+def _dynamic_by_forward(
+    symbolic: SymbolicInForward,
+    related_dims: Sequence[tuple[int, int, int, int]],
+    inputs: Sequence[Any],
+    sizes: Sequence[Any],
+) -> tuple[set[int], dict[int, set[int]]]:
+    """The lifted sizes (indices) and tensor dims (``{index: dims}``) of a
+    captured graph that are dynamic because a compiled region's forward had
+    them as symbols.
+
+    The regions say which of their symints and saved tensors' dims those
+    are (:class:`SymbolicInForward`). The rest of the graph -- the region
+    nodes' input and output shapes, a loss computed eagerly after the
+    region, a layer between two regions -- does not say where its sizes
+    came from: those equal to one of the symbols' values are taken for
+    dynamic, and so is a size found equal to the product of dims taken for
+    dynamic (``related_dims``, e.g. a mean's element count). Values that are
+    a parameter's dim too are left static (a feed-forward width equal to
+    batch x sequence at one shape), and so are 0 and 1, which Dynamo
+    specializes. A size taken for dynamic by coincidence costs at most the
+    recompile the default makes anyway: a guard comparing it with a
+    constant specializes it, one equating it with a size that later changes
+    fails then."""
+    parameter_dims = {
+        size
+        for tensor in inputs
+        if isinstance(tensor, torch.Tensor) and tensor.is_leaf and tensor.requires_grad
+        for size in tensor.shape
+    }
+    values = {sizes[index] for index in symbolic.sizes} | {
+        inputs[index].size(d) for index, dims in symbolic.tensor_dims for d in dims
+    }
+    values -= parameter_dims | {0, 1}
+    dynamic_dims = {index: set(dims) for index, dims in symbolic.tensor_dims}
+    for index, tensor in enumerate(inputs):
+        if (
+            index not in symbolic.saved_by_regions
+            and isinstance(tensor, torch.Tensor)
+            and not (tensor.is_leaf and tensor.requires_grad)
+        ):
+            dims = {d for d, size in enumerate(tensor.shape) if size in values}
+            if dims:
+                dynamic_dims[index] = dims
+    dynamic_sizes = set(symbolic.sizes)
+    dynamic_sizes.update(index for index, size in enumerate(sizes) if size in values)
+    dynamic_sizes.update(
+        size_index
+        for size_index, tensor_index, begin, end in related_dims
+        if dynamic_dims.get(tensor_index, set()) & set(range(begin, end))
+        and sizes[size_index] not in parameter_dims
+    )
+    return dynamic_sizes, dynamic_dims
 
 
 def _region_backward_graph(
@@ -1106,7 +1221,12 @@ def _capture(
             "e.g. `lambda gm: torch.compile(gm)` or the GraphModule itself"
         )
     return _CompiledBackward(
-        compile_id, compiled, _installation.symbolic_sizes, graph_module, related_dims
+        compile_id,
+        compiled,
+        _installation.symbolic_sizes,
+        graph_module,
+        related_dims,
+        _symbolic_in_compiled_forwards(nodes),
     )
 
 
@@ -1166,8 +1286,15 @@ class _ConfigWhileCompiling(threading.local):
     def on_compile_start(self, args: Any) -> None:
         if self.running is None:
             return
-        symbolic_sizes = self.running[0].symbolic_sizes
-        for patch in _SYMBOLIC_SIZES if symbolic_sizes else _STATIC_SIZES:
+        graph, inputs, sizes = self.running
+        for patch in _SYMBOLIC_SIZES if graph.symbolic_sizes else _STATIC_SIZES:
+            patch.__enter__()
+            self.entered.append(patch)
+        if not graph.symbolic_sizes and graph.make_dynamic_what_forward_made_dynamic(inputs, sizes):
+            # Duck sizing would give a static size equal to the batch size by
+            # coincidence the batch's symbol, and the first guard comparing
+            # that size with a constant would make the batch size static.
+            patch = torch.fx.experimental._config.patch(use_duck_shape=False)
             patch.__enter__()
             self.entered.append(patch)
 
@@ -1314,6 +1441,7 @@ class _CompiledBackward:
         symbolic_sizes: bool,
         graph_module: torch.fx.GraphModule,
         related_dims: Sequence[tuple[int, int, int, int]],
+        symbolic_in_forward: SymbolicInForward,
     ) -> None:
         from torch._dynamo import compiled_autograd as frontend
         from torch._guards import CompileContext, CompileId
@@ -1327,9 +1455,63 @@ class _CompiledBackward:
         # Weak: whatever `compiled` Dynamo compiles holds the module itself.
         self.graph_module = weakref.ref(graph_module)
         self.related_dims = tuple(related_dims)
+        self.symbolic_in_forward = symbolic_in_forward
         # The lifted tensors' shapes at each Dynamo compile of the graph.
         self.compiled_shapes: list[tuple[Optional[tuple[int, ...]], ...]] = []
         self.cache_hit = _DynamoCacheHit.of(compiled, graph_module)
+
+    def make_dynamic_what_forward_made_dynamic(
+        self, inputs: Sequence[Any], sizes: Sequence[Any]
+    ) -> bool:
+        """Tells Dynamo, before it compiles the graph, which of its inputs
+        are dynamic because a compiled region's forward had them as symbols
+        (:func:`_dynamic_by_forward`); returns whether any is. With the
+        forward compiled for any batch size, the backward is too, from the
+        graph's first compile, as on the legacy engine (which lifts every
+        size as a symbol).
+
+        Written into Dynamo's automatic-dynamic state for the graph's frame,
+        where a size that changed between compiles is recorded, so that
+        :meth:`applicable_relations` sees them as dynamic too; without
+        recording a change, which would make Dynamo guard the old values out
+        of the new compile."""
+        from torch._dynamo.pgo import (
+            auto_dynamic,
+            auto_unset,
+            CodeId,
+            FrameStateSizeEntry,
+            get_code_state,
+        )
+
+        graph_module = self.graph_module()
+        symbolic = self.symbolic_in_forward
+        if graph_module is None or not (symbolic.sizes or symbolic.tensor_dims):
+            return False
+        dynamic_sizes, dynamic_dims = _dynamic_by_forward(
+            symbolic, self.related_dims, inputs, sizes
+        )
+        seen = get_code_state()[CodeId.make(graph_module.forward.__code__)].automatic_dynamic
+
+        def mark(name: str, entry: Any) -> None:
+            recorded = seen[name]
+            excluded = recorded.excluded_sizes, recorded.excluded_scalar
+            recorded |= entry
+            recorded.excluded_sizes, recorded.excluded_scalar = excluded
+
+        for index in dynamic_sizes:
+            mark(
+                f"L['sizes'][{index}]",
+                FrameStateSizeEntry(scalar=auto_dynamic, size=auto_dynamic, stride=auto_dynamic),
+            )
+        for index, dims in dynamic_dims.items():
+            rank = inputs[index].dim()
+            mark(
+                f"L['inputs'][{index}]",
+                FrameStateSizeEntry.make_size(
+                    tuple(auto_dynamic if d in dims else auto_unset for d in range(rank))
+                ),
+            )
+        return True
 
     def applicable_relations(
         self, inputs: Sequence[Any], sizes: Sequence[Any]
