@@ -483,14 +483,12 @@ def _symbolic_saved_dims(
     ``torch.compile`` with ``dynamic=True``, or the recompile after a size
     changed), read off the region's backward graph's inputs -- its symints,
     then ctx.saved_tensors, then opaque objects and gradients (AOTAutograd's
-    backward prologue). AOTAutograd's cache keeps the graph as code without
-    example values, and what they said (``patches/0019``). None when
-    neither is there."""
+    backward prologue) -- where AOTAutograd's cache, which keeps the graph
+    as code without example values, recorded them (``patches/0019``). None
+    when it did not."""
     from torch._functorch._aot_autograd.aot_autograd_result import placeholder_symbolic_dims
 
-    dims = placeholder_symbolic_dims(backward_module) or backward_module.meta.get(
-        "placeholder_symbolic_dims"
-    )
+    dims = placeholder_symbolic_dims(backward_module)
     if dims is None:
         return None
     saved = []
@@ -558,23 +556,16 @@ def _dynamic_by_forward(
     recompile the default makes anyway: a guard comparing it with a
     constant specializes it, one equating it with a size that later changes
     fails then."""
-    parameter_dims = {
-        size
-        for tensor in inputs
-        if isinstance(tensor, torch.Tensor) and tensor.is_leaf and tensor.requires_grad
-        for size in tensor.shape
-    }
+    tensors = [(i, t) for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)]
+    parameters = {i for i, t in tensors if t.is_leaf and t.requires_grad}
+    parameter_dims = {size for i, t in tensors if i in parameters for size in t.shape}
     values = {sizes[index] for index in symbolic.sizes} | {
         inputs[index].size(d) for index, dims in symbolic.tensor_dims for d in dims
     }
     values -= parameter_dims | {0, 1}
     dynamic_dims = {index: set(dims) for index, dims in symbolic.tensor_dims}
-    for index, tensor in enumerate(inputs):
-        if (
-            index not in symbolic.saved_by_regions
-            and isinstance(tensor, torch.Tensor)
-            and not (tensor.is_leaf and tensor.requires_grad)
-        ):
+    for index, tensor in tensors:
+        if index not in parameters and index not in symbolic.saved_by_regions:
             dims = {d for d, size in enumerate(tensor.shape) if size in values}
             if dims:
                 dynamic_dims[index] = dims
