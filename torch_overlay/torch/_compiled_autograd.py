@@ -481,11 +481,11 @@ def _symbolic_saved_dims(
     """For each tensor a compiled region saved for its backward, in
     ctx.saved_tensors order, the dims its forward compiled as symbols (a
     ``torch.compile`` with ``dynamic=True``, or the recompile after a size
-    changed), read off the region's backward graph's inputs -- its symints,
-    then ctx.saved_tensors, then opaque objects and gradients (AOTAutograd's
-    backward prologue) -- where AOTAutograd's cache, which keeps the graph
-    as code without example values, recorded them (``patches/0019``). None
-    when it did not."""
+    changed). Read off the example values of the region's backward graph's
+    inputs -- its symints, then ctx.saved_tensors, then opaque objects and
+    gradients (AOTAutograd's backward prologue) -- or off what AOTAutograd's
+    cache recorded of them when it dropped them (``patches/0019``); None
+    when neither is there."""
     from torch._functorch._aot_autograd.aot_autograd_result import placeholder_symbolic_dims
 
     dims = placeholder_symbolic_dims(backward_module)
