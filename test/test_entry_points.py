@@ -112,6 +112,32 @@ def test_gradient_layout_follows_the_parameter(compiler):
     check_against_eager(fn, compiler)
 
 
+def test_gradient_layout_of_a_channels_last_convnet_matches_eager(compiler):
+    def fn():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3)
+        ).to(memory_format=torch.channels_last)
+        x = torch.randn(2, 3, 10, 10).to(memory_format=torch.channels_last).requires_grad_()
+        model(x).pow(2).mean().backward()
+        leaves = [x, *model.parameters()]
+        return [leaf.grad for leaf in leaves] + [torch.tensor(leaf.grad.stride()) for leaf in leaves]
+
+    check_against_eager(fn, compiler)
+
+
+# Eager and the engine both warn, once per process (TORCH_WARN_ONCE).
+@pytest.mark.filterwarnings("ignore:grad and param do not obey the gradient layout contract")
+def test_accumulating_into_a_transposed_grad_keeps_its_layout(compiler):
+    def fn():
+        x = torch.randn(4, 5, requires_grad=True)
+        x.grad = torch.randn(5, 4).t()
+        (x * 3).sum().backward()
+        return [x.grad, torch.tensor(x.grad.stride())]
+
+    check_against_eager(fn, compiler)
+
+
 def test_a_new_compiler_fn_compiles_again_only_after_reset():
     compiled_by = []
 

@@ -183,6 +183,32 @@ def test_accumulating_into_an_expanded_grad_raises_eagers_error_without_a_fallba
     torch.testing.assert_close(x.grad, 2 * x.detach())
 
 
+@pytest.mark.parametrize("compiler_name", sorted(COMPILERS))
+@pytest.mark.parametrize(
+    "hook, message",
+    [
+        (lambda grad: grad[:2], "has changed the size of value"),
+        (lambda grad: grad.double(), r"has changed the type of value \(was torch.FloatTensor got torch.DoubleTensor\)"),
+    ],
+    ids=["size", "dtype"],
+)
+def test_a_tensor_hook_that_changes_a_gradients_size_or_dtype_raises_eagers_error(
+    compiler_name, hook, message
+):
+    def backward_through_hook():
+        x = torch.randn(3, requires_grad=True)
+        y = x * 2
+        y.register_hook(hook)
+        y.sum().backward()
+
+    with pytest.raises(RuntimeError, match=message):
+        backward_through_hook()
+    with compiled_autograd(COMPILERS[compiler_name]), pytest.raises(RuntimeError, match=message) as raised:
+        backward_through_hook()
+    assert raised.type is RuntimeError
+    assert eager_fallbacks() == 0
+
+
 def check_backward_falls_back_to_eager(fn, warning):
     """``fn``'s backward runs on the eager engine, with a warning matching
     ``warning``, captures nothing, and gives eager's gradients. The warning
