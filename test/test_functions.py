@@ -357,6 +357,27 @@ def test_backward_of_a_torch_compiled_region_is_inlined(compiler, region_backend
     assert "apply_eagerly" not in code and "self.CompiledFunctionBackward" in code, code
 
 
+@pytest.mark.parametrize("region_backend", ["aot_eager", "inductor"])
+def test_grads_through_a_channels_last_compiled_region_keep_eagers_layout(compiler, region_backend):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3)
+    ).to(memory_format=torch.channels_last)
+    region = torch.compile(model, backend=region_backend)
+
+    def fn():
+        results = []
+        for batch in (2, 3):
+            x = torch.randn(batch, 3, 10, 10).to(memory_format=torch.channels_last).requires_grad_()
+            region(x).pow(2).mean().backward()
+            leaves = [x, *model.parameters()]
+            results += [leaf.grad for leaf in leaves] + [torch.tensor(leaf.grad.stride()) for leaf in leaves]
+            model.zero_grad(set_to_none=True)
+        return results
+
+    check_against_eager(fn, compiler, exact=region_backend != "inductor")
+
+
 # An Inductor region's float32 forward is left out: eager autograd runs its
 # backward as Inductor's code, which autocast does not reach, and the captured
 # graph runs it under autocast (docs/design.md, *Known limits*).
