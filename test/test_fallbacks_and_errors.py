@@ -265,6 +265,40 @@ def test_a_zero_tensor_leaf_falls_back_to_eager_with_a_warning():
     check_backward_falls_back_to_eager(fn, "ZeroTensor .*that requires grad")
 
 
+@torch._dynamo.config.patch(recompile_limit=3)
+def test_a_number_an_op_bakes_in_stops_capturing_at_the_recompile_limit():
+    # libtorch puts an op's Scalar argument (leaky_relu's negative_slope) into
+    # the node's key, on both engines, so each new value is a new graph.
+    # Legacy captures and compiles one per value without bound.
+    def fn(slope):
+        x = torch.randn(5, requires_grad=True)
+        torch.nn.functional.leaky_relu(x.sin(), slope).sum().backward()
+        return [x.grad]
+
+    warning = "captured 3 times .*recompile_limit.*negative_slope.* pass it as a tensor"
+    with pytest.warns(UserWarning, match=warning) as caught:
+        for slope in [0.1, 0.2, 0.3, 0.4, 0.5]:
+            check_against_eager(lambda: fn(slope), COMPILERS["aot_eager"], falls_back=True)
+    assert len(fallback_warnings(caught)) == 1
+    assert (captures(), eager_fallbacks()) == (3, 2)
+
+    # A value captured before still runs its compiled graph.
+    check_against_eager(lambda: fn(0.2), COMPILERS["aot_eager"])
+    assert captures() == 3
+
+
+def test_a_number_passed_as_a_tensor_reuses_one_graph():
+    def fn(slope):
+        x = torch.randn(5, requires_grad=True)
+        y = x.sin()
+        torch.where(y > 0, y, y * torch.tensor(slope)).sum().backward()
+        return [x.grad]
+
+    for slope in [0.1, 0.2, 0.3, 0.4, 0.5]:
+        check_against_eager(lambda: fn(slope), COMPILERS["aot_eager"])
+    assert captures() == 1
+
+
 def test_a_nested_tensor_in_the_backward_falls_back_to_eager_with_a_warning():
     # libtorch's compiled_args refuses nested tensors (compiled_autograd.h);
     # the legacy engine raises that NotImplementedError.

@@ -13,7 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from helpers import COMPILERS, compiled_autograd
+from helpers import COMPILERS, compiled_autograd, eager_fallbacks
 
 SHAPE = (3, 4)
 
@@ -110,6 +110,7 @@ def test_random_graph_matches_eager(program):
     expected_grads, expected_log = run_program(program)
     with compiled_autograd(COMPILERS["no_dynamo"]):
         grads, log = run_program(program)
+    assert eager_fallbacks() == 0
     for e, a in zip(expected_grads, grads):
         assert (e is None) == (a is None)
         if e is not None:
@@ -136,6 +137,7 @@ def test_random_graph_through_dynamo_matches_eager_compiled_and_from_the_cache(c
     expected_grads, expected_log = run_program(program)
     with compiled_autograd(COMPILERS[compiler_name]):
         runs = [run_program(program) for _ in range(2)]
+    assert eager_fallbacks() == 0
     for grads, log in runs:
         for e, a in zip(expected_grads, grads):
             assert (e is None) == (a is None)

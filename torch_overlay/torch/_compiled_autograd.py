@@ -1733,6 +1733,13 @@ _RUNNING = _RunningGraphs()
 _reported_fallbacks: set[str] = set()
 
 
+def _captures_allowed_per_graph() -> int:
+    """Called from C++ on a cache miss of a graph whose nodes were captured
+    before: how many graphs of the same nodes may be captured. Dynamo's bound
+    on the recompiles of one frame serves here too."""
+    return torch._dynamo.config.recompile_limit
+
+
 def _report_eager_fallback(reason: str, warn: bool) -> None:
     """Called from C++ when a backward runs on the eager engine instead."""
     counters["compiled_autograd"]["eager_fallbacks"] += 1

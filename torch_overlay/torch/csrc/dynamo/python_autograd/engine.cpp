@@ -84,6 +84,12 @@ struct CompiledGraph {
 // GIL held.
 struct CompiledGraphs {
   std::unordered_map<std::string, CompiledGraph> by_key;
+  // Captures per sequence of node names (node_names_key): graphs of the same
+  // nodes whose keys differ in values libtorch compiles into a node's
+  // backward, such as an op's Scalar argument. Bounded like Dynamo's
+  // recompiles of one frame, so a value that changes every backward does not
+  // capture and compile every backward.
+  std::unordered_map<std::string, int64_t> captures_by_node_names;
   // The entry the previous backward used: a miss is explained against it.
   const std::pair<const std::string, CompiledGraph>* last_used = nullptr;
 };
@@ -313,41 +319,88 @@ py::list describe_nodes(const BackwardGraph& graph) {
   return nodes;
 }
 
-py::object compiled_graph_for(BackwardGraph& graph) {
+std::string node_names_key(const BackwardGraph& graph) {
+  std::string key;
+  for (const auto& record : graph.nodes) {
+    key += record.node->name();
+    key += '\n';
+  }
+  return key;
+}
+
+// The compiled function cached for `graph`'s key; null on a miss.
+py::object cached_graph(const BackwardGraph& graph) {
   auto& cache = compiled_graphs();
   auto it = cache.by_key.find(graph.key);
   if (it == cache.by_key.end()) {
-    classify_custom_functions(graph);
-    CacheMiss miss = explain_cache_miss(graph);
-    py::list related_dims;
-    for (const auto& relation : relate_sizes(graph)) {
-      related_dims.append(py::make_tuple(
-          relation.size_index,
-          relation.tensor_index,
-          relation.dim_begin,
-          relation.dim_end));
-    }
-    py::object compiled = python_engine().attr("_capture")(
-        describe_nodes(graph),
-        graph.num_outputs,
-        graph.tensors.size(),
-        miss.reason,
-        py::make_tuple(
-            miss.node_index,
-            miss.node_name,
-            miss.key_size,
-            miss.previous_key_sizes),
-        related_dims);
-    std::vector<std::string> names;
-    for (const auto& record : graph.nodes) {
-      names.push_back(record.node->name());
-    }
-    it = cache.by_key
-             .emplace(
-                 graph.key,
-                 CompiledGraph{compiled, graph.node_key_ends, std::move(names)})
-             .first;
+    return py::object();
   }
+  cache.last_used = &*it;
+  return it->second.compiled;
+}
+
+// Why `graph`, a cache miss, must not be captured: graphs of the same nodes
+// were captured torch._dynamo.config.recompile_limit times already.
+std::optional<Unsupported> capture_limit_reached(const BackwardGraph& graph) {
+  auto& captures = compiled_graphs().captures_by_node_names;
+  auto it = captures.find(node_names_key(graph));
+  if (it == captures.end()) {
+    return std::nullopt;
+  }
+  auto limit = python_engine()
+                   .attr("_captures_allowed_per_graph")()
+                   .cast<int64_t>();
+  if (it->second < limit) {
+    return std::nullopt;
+  }
+  return Unsupported{
+      "the same autograd graph (" + std::to_string(graph.nodes.size()) +
+          " nodes) was captured " + std::to_string(it->second) +
+          " times (torch._dynamo.config.recompile_limit), each time with "
+          "different values compiled into it; this time " +
+          compare_with_previous(graph) +
+          ". A number passed to an op that changes between backwards (clamp's "
+          "min or max, leaky_relu's negative_slope, pow's exponent, add's "
+          "alpha) is part of the graph: pass it as a tensor to reuse one "
+          "graph, or raise torch._dynamo.config.recompile_limit",
+      false};
+}
+
+// Captures and compiles `graph`, a cache miss, and caches the result.
+py::object capture_and_compile(BackwardGraph& graph) {
+  classify_custom_functions(graph);
+  CacheMiss miss = explain_cache_miss(graph);
+  py::list related_dims;
+  for (const auto& relation : relate_sizes(graph)) {
+    related_dims.append(py::make_tuple(
+        relation.size_index,
+        relation.tensor_index,
+        relation.dim_begin,
+        relation.dim_end));
+  }
+  py::object compiled = python_engine().attr("_capture")(
+      describe_nodes(graph),
+      graph.num_outputs,
+      graph.tensors.size(),
+      miss.reason,
+      py::make_tuple(
+          miss.node_index,
+          miss.node_name,
+          miss.key_size,
+          miss.previous_key_sizes),
+      related_dims);
+  std::vector<std::string> names;
+  for (const auto& record : graph.nodes) {
+    names.push_back(record.node->name());
+  }
+  auto& cache = compiled_graphs();
+  auto it =
+      cache.by_key
+          .emplace(
+              graph.key,
+              CompiledGraph{compiled, graph.node_key_ends, std::move(names)})
+          .first;
+  cache.captures_by_node_names[node_names_key(graph)] += 1;
   cache.last_used = &*it;
   return it->second.compiled;
 }
@@ -492,8 +545,21 @@ variable_list run_backward(
     return run_on_eager_engine(graph_root, graph_task, *why);
   }
   BackwardGraph& graph = std::get<BackwardGraph>(collected);
+  py::object compiled = cached_graph(graph);
+  if (!compiled) {
+    if (auto why = capture_limit_reached(graph)) {
+      // Frees the collected graph, and the tensors it holds, before eager
+      // runs; `graph` is not used again.
+      collected = std::move(*why);
+      callback_off.reset();
+      return run_on_eager_engine(
+          graph_root, graph_task, std::get<Unsupported>(collected));
+    }
+  }
   ActiveBackward active(graph);
-  py::object compiled = compiled_graph_for(graph);
+  if (!compiled) {
+    compiled = capture_and_compile(graph);
+  }
   detach_saved_values(graph, graph_task.keep_graph_);
   variable_list grads = run_compiled(compiled, graph);
   callback_off.reset();
@@ -567,6 +633,7 @@ PYBIND11_MODULE(_compiled_autograd_C, m) {
     for (auto& cache : all_compiled_graphs()) {
       cache.last_used = nullptr;
       cache.by_key.clear();
+      cache.captures_by_node_names.clear();
     }
   });
   m.def("cache_size", []() {
