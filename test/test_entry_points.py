@@ -4,7 +4,7 @@ behave as in eager."""
 import pytest
 import torch
 
-from helpers import COMPILERS, check_against_eager
+from helpers import COMPILERS, captures, check_against_eager
 
 
 @pytest.fixture(params=sorted(COMPILERS))
@@ -25,6 +25,40 @@ def test_materialize_grads(compiler):
         x = torch.randn(3, requires_grad=True)
         unused = torch.randn(3, requires_grad=True)
         return list(torch.autograd.grad((x * 2).sum(), [x, unused], materialize_grads=True))
+
+    check_against_eager(fn, compiler)
+
+
+def test_functional_jacobian_captures_its_repeated_grads_once(compiler):
+    # jacobian calls autograd.grad once per output element, retaining the graph.
+    def fn():
+        x = torch.randn(3, requires_grad=True)
+        return [torch.autograd.functional.jacobian(lambda t: t.sin() * t.sum(), x)]
+
+    check_against_eager(fn, compiler)
+    assert captures() == 1
+
+
+def test_torch_func_transforms_run_their_backwards_eagerly(compiler):
+    # torch.func's grad and vjp turn compiled autograd off around their
+    # backwards (torch/_functorch/eager_transforms.py), as for the legacy engine.
+    def fn():
+        x = torch.randn(4)
+        grad = torch.func.grad(lambda t: (t.sin() ** 2).sum())(x)
+        _, vjp = torch.func.vjp(torch.tanh, x)
+        return [grad, vjp(torch.ones(4))[0]]
+
+    check_against_eager(fn, compiler)
+    assert captures() == 0
+
+
+def test_a_grad_that_is_a_view_of_another_tensor_accumulates_into_it(compiler):
+    def fn():
+        w = torch.randn(4, requires_grad=True)
+        storage = torch.zeros(2, 4)
+        w.grad = storage[1]
+        (w * w).sum().backward()
+        return [w.grad, storage, torch.tensor(w.grad.data_ptr() == storage[1].data_ptr())]
 
     check_against_eager(fn, compiler)
 

@@ -112,10 +112,35 @@ class ThroughNumpy(torch.autograd.Function):
         return torch.from_numpy(2 * x.detach().numpy()) * grad * float(x.sum().item() > -1e9)
 
 
+class ScaleInPlace(torch.autograd.Function):
+    """Modifies its input in place (mark_dirty)."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.mark_dirty(x)
+        ctx.scale = scale
+        return x.mul_(scale)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.scale, None
+
+
 def test_function_with_saved_tensor_and_ctx_attribute(compiler):
     def fn():
         x = torch.randn(4, requires_grad=True)
         ScaledSin.apply(x * 2, 1.5).sum().backward()
+        return [x.grad]
+
+    check_against_eager(fn, compiler)
+
+
+def test_function_modifying_its_input_in_place(compiler):
+    def fn():
+        x = torch.randn(5, requires_grad=True)
+        y = x * 2
+        z = ScaleInPlace.apply(y, 3.0)
+        (z.sin() * y).sum().backward()
         return [x.grad]
 
     check_against_eager(fn, compiler)

@@ -53,3 +53,30 @@ def test_gradients_with_inductor_across_shapes(model_name, model_kwargs, shapes)
         actual = parameter_grads(model, x, dynamo_compiler("inductor"))
         assert_same(expected, actual, exact=False)
     assert captures() == 1
+
+
+@pytest.mark.parametrize("compiler_name", sorted(COMPILERS))
+def test_parametrized_layers_train_like_eager(compiler_name):
+    # Parametrizations recompute the weight in every forward: spectral norm
+    # updates its power-iteration vectors in place under no_grad, orthogonal's
+    # weight is a matrix exponential, and `cached()` shares one weight between
+    # two calls.
+    def training_steps():
+        torch.manual_seed(0)
+        spectral = torch.nn.utils.parametrizations.spectral_norm(torch.nn.Linear(6, 5))
+        orthogonal = torch.nn.utils.parametrizations.orthogonal(torch.nn.Linear(5, 5))
+        x = torch.randn(3, 6)
+        grads = []
+        for _ in range(2):
+            with torch.nn.utils.parametrize.cached():
+                hidden = spectral(x)
+                (orthogonal(hidden) + orthogonal(hidden * 2)).pow(2).sum().backward()
+            grads += [p.grad.clone() for p in spectral.parameters()]
+            grads += [p.grad.clone() for p in orthogonal.parameters()]
+        return grads
+
+    expected = training_steps()
+    with compiled_autograd(COMPILERS[compiler_name]):
+        actual = training_steps()
+    assert_same(expected, actual, bit_exact(COMPILERS[compiler_name]))
+    assert captures() == 1
