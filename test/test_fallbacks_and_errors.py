@@ -287,6 +287,23 @@ def test_a_number_an_op_bakes_in_stops_capturing_at_the_recompile_limit():
     assert captures() == 3
 
 
+@torch._dynamo.config.patch(recompile_limit=3)
+def test_a_hook_registered_again_every_backward_stops_capturing_at_the_recompile_limit():
+    # Each backward sees one more hook on the leaf: a new graph of the same nodes.
+    def fn():
+        w = torch.randn(4, requires_grad=True)
+        grads = []
+        for _ in range(5):
+            w.register_hook(lambda grad: grad * 2)
+            (w * w).sum().backward()
+            grads.append(w.grad.clone())
+        return grads
+
+    with pytest.warns(UserWarning, match="captured 3 times .*register them once"):
+        check_against_eager(fn, COMPILERS["aot_eager"], falls_back=True)
+    assert (captures(), eager_fallbacks()) == (3, 2)
+
+
 def test_a_number_passed_as_a_tensor_reuses_one_graph():
     def fn(slope):
         x = torch.randn(5, requires_grad=True)

@@ -357,12 +357,13 @@ std::optional<Unsupported> capture_limit_reached(const BackwardGraph& graph) {
       "the same autograd graph (" + std::to_string(graph.nodes.size()) +
           " nodes) was captured " + std::to_string(it->second) +
           " times (torch._dynamo.config.recompile_limit), each time with "
-          "different values compiled into it; this time " +
+          "other values compiled into it or other hooks; this time " +
           compare_with_previous(graph) +
           ". A number passed to an op that changes between backwards (clamp's "
           "min or max, leaky_relu's negative_slope, pow's exponent, add's "
           "alpha) is part of the graph: pass it as a tensor to reuse one "
-          "graph, or raise torch._dynamo.config.recompile_limit",
+          "graph. Hooks registered again before every backward add up: "
+          "register them once. Or raise torch._dynamo.config.recompile_limit",
       false};
 }
 
