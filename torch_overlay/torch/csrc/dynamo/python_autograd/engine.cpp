@@ -319,10 +319,19 @@ py::list describe_nodes(const BackwardGraph& graph) {
   return nodes;
 }
 
-std::string node_names_key(const BackwardGraph& graph) {
-  std::string key;
+std::vector<std::string> node_names(const BackwardGraph& graph) {
+  std::vector<std::string> names;
+  names.reserve(graph.nodes.size());
   for (const auto& record : graph.nodes) {
-    key += record.node->name();
+    names.push_back(record.node->name());
+  }
+  return names;
+}
+
+std::string node_names_key(const std::vector<std::string>& names) {
+  std::string key;
+  for (const auto& name : names) {
+    key += name;
     key += '\n';
   }
   return key;
@@ -343,7 +352,7 @@ py::object cached_graph(const BackwardGraph& graph) {
 // were captured torch._dynamo.config.recompile_limit times already.
 std::optional<Unsupported> capture_limit_reached(const BackwardGraph& graph) {
   auto& captures = compiled_graphs().captures_by_node_names;
-  auto it = captures.find(node_names_key(graph));
+  auto it = captures.find(node_names_key(node_names(graph)));
   if (it == captures.end()) {
     return std::nullopt;
   }
@@ -390,18 +399,15 @@ py::object capture_and_compile(BackwardGraph& graph) {
           miss.key_size,
           miss.previous_key_sizes),
       related_dims);
-  std::vector<std::string> names;
-  for (const auto& record : graph.nodes) {
-    names.push_back(record.node->name());
-  }
+  std::vector<std::string> names = node_names(graph);
   auto& cache = compiled_graphs();
+  cache.captures_by_node_names[node_names_key(names)] += 1;
   auto it =
       cache.by_key
           .emplace(
               graph.key,
               CompiledGraph{compiled, graph.node_key_ends, std::move(names)})
           .first;
-  cache.captures_by_node_names[node_names_key(graph)] += 1;
   cache.last_used = &*it;
   return it->second.compiled;
 }
