@@ -41,6 +41,25 @@ def test_create_graph_falls_back_to_eager_and_double_backward_works():
     assert captures() == 1
 
 
+def test_a_fallback_warns_once_per_reason_and_again_after_reset():
+    def create_graph_backward():
+        x = torch.randn(3, requires_grad=True)
+        torch.autograd.grad((x**3).sum(), [x], create_graph=True)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with compiled_autograd():
+            create_graph_backward()
+            create_graph_backward()
+        assert len(fallback_warnings(caught)) == 1
+        # reset() also turns compiled autograd off, so it comes between two enables.
+        torch._dynamo.compiled_autograd.reset()
+        with compiled_autograd():
+            create_graph_backward()
+    assert len(fallback_warnings(caught)) == 2
+    assert eager_fallbacks() == 3
+
+
 @pytest.mark.parametrize("compiler_name", sorted(COMPILERS))
 def test_third_order_gradients_through_create_graph_backwards_match_eager(compiler_name):
     # A compiled create_graph backward would be differentiable only once:

@@ -1153,9 +1153,11 @@ def _install_engine_entry(installation: Optional[Installation]) -> None:
 
 
 def reset() -> None:
-    """Forgets every captured graph."""
+    """Forgets every captured graph, and which eager fallbacks were warned
+    about, so that the next one of each kind warns again."""
     _C.clear_cache()
     _captures_by_digest.clear()
+    _reported_fallbacks.clear()
 
 
 def _capture(
