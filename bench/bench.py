@@ -45,7 +45,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 BENCH = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from engines import CaptureTimer, CompilerRecorder, backward_engine  # noqa: E402
+from engines import CaptureTimer, CompilerRecorder, backward_engine, rotation  # noqa: E402
 import report  # noqa: E402
 from workloads import FULL, MODELS, QUICK, Inputs, Model, count_autograd_nodes  # noqa: E402
 from helpers import backward_memory  # noqa: E402  (test/ is on sys.path through workloads)
@@ -188,13 +188,6 @@ def forward_loss(model: nn.Module, spec: Model, inputs: Inputs) -> Tensor:
     """Clears the gradients (to None) and runs the forward pass: one fresh graph."""
     model.zero_grad(set_to_none=True)
     return spec.loss(model, inputs)
-
-
-def rotation(engines: Sequence[str], rep: int) -> list[str]:
-    """The order of round ``rep``: ``engines`` rotated by ``rep``, so that
-    drifting machine noise falls on every engine alike."""
-    shift = rep % len(engines)
-    return [*engines[shift:], *engines[:shift]]
 
 
 def timed_backward(loss: Tensor, engine: str, compiler_fn: Optional[CompilerRecorder]) -> float:

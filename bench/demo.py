@@ -18,8 +18,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "test"))
 sys.path.insert(0, str(REPO / "bench"))
 
-from engines import ENGINES, max_abs_diff, time_backward  # noqa: E402
+from engines import ENGINES, max_abs_diff, time_backwards  # noqa: E402
 from models import MODELS  # noqa: E402
+
+STEADY_ROUNDS = 30
 
 
 def shared_dir() -> pathlib.Path:
@@ -82,13 +84,12 @@ def model_comparison(model_name: str, backend: str, batch: int) -> bool:
     torch.manual_seed(0)
     model = make_model()
     print(f"== {model_name}, batch {batch}, compiled backward with torch.compile(backend={backend!r})")
-    timings = {}
-    for engine in ENGINES:
-        torch._dynamo.reset()
-        timings[engine] = time_backward(model, lambda: make_input(batch), engine, backend)
+    torch._dynamo.reset()
+    timings = time_backwards(model, lambda: make_input(batch), ENGINES, backend, rounds=STEADY_ROUNDS)
     eager = timings["eager"]
     exact = backend != "inductor"
     ok = True
+    print(f"   steady backward: median of {STEADY_ROUNDS} rounds, each timing one backward per engine in rotating order")
     print(f"   {'engine':<8}{'max|grad-eager|':>16}{'first backward':>16}{'steady backward':>17}{'vs eager':>10}")
     for engine, timing in timings.items():
         diff = max_abs_diff(timing.grads, eager.grads)

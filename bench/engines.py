@@ -4,7 +4,7 @@ autograd engine and the Python engine, in the same process."""
 import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -133,36 +133,61 @@ class BackwardTiming:
     captures: int
 
 
-def time_backward(
+def rotation(engines: Sequence[str], rep: int) -> list[str]:
+    """The order of round ``rep``: ``engines`` rotated by ``rep``, so that
+    drifting machine noise falls on every engine alike."""
+    shift = rep % len(engines)
+    return [*engines[shift:], *engines[:shift]]
+
+
+def time_backwards(
     model: torch.nn.Module,
     make_input: Callable[[], torch.Tensor],
-    engine: str,
+    engines: Sequence[str],
     backend: str,
-    repeats: int = 20,
+    rounds: int,
     seed: int = 0,
-) -> BackwardTiming:
-    """First backward (capture and compile included) and the median of
-    ``repeats`` steady-state backwards; gradients of the first one."""
-    captures_before = counters["compiled_autograd"]["captures"]
+) -> dict[str, BackwardTiming]:
+    """Each engine's first backward (capture and compile included; its
+    gradients kept), two warm-up backwards each, then ``rounds`` rounds that
+    time one steady-state backward per engine in :func:`rotation`'s order;
+    ``steady_s`` is the median.
 
-    def one_backward() -> float:
+    >>> from models import MODELS  # test/models.py
+    >>> make_model, make_input = MODELS["mlp"]
+    >>> timings = time_backwards(make_model(), lambda: make_input(8), ENGINES, "eager", rounds=3)
+    >>> sorted(timings) == sorted(ENGINES)
+    True
+    """
+    compilers = {engine: CompilerRecorder(backend) for engine in engines}
+
+    def one_backward(engine: str) -> float:
         model.zero_grad(set_to_none=True)
         loss = model(make_input()).pow(2).mean()
-        start = time.perf_counter()
-        with backward_engine(engine, backend):
+        with backward_engine(engine, compiler_fn=compilers[engine]):
+            start = time.perf_counter()
             loss.backward()
-        return time.perf_counter() - start
+            return time.perf_counter() - start
 
-    torch.manual_seed(seed)
-    first = one_backward()
-    grads = [p.grad.detach().clone() for p in model.parameters()]
-    steady = statistics.median(one_backward() for _ in range(repeats))
-    return BackwardTiming(
-        first_s=first,
-        steady_s=steady,
-        grads=grads,
-        captures=counters["compiled_autograd"]["captures"] - captures_before,
-    )
+    first: dict[str, tuple[float, list[torch.Tensor], int]] = {}
+    for engine in engines:
+        captures_before = counters["compiled_autograd"]["captures"]
+        torch.manual_seed(seed)
+        seconds = one_backward(engine)
+        grads = [p.grad.detach().clone() for p in model.parameters()]
+        first[engine] = (seconds, grads, counters["compiled_autograd"]["captures"] - captures_before)
+        one_backward(engine)
+        one_backward(engine)
+    steady: dict[str, list[float]] = {engine: [] for engine in engines}
+    for rep in range(rounds):
+        for engine in rotation(engines, rep):
+            steady[engine].append(one_backward(engine))
+    return {
+        engine: BackwardTiming(
+            first_s=seconds, steady_s=statistics.median(steady[engine]), grads=grads, captures=captures
+        )
+        for engine, (seconds, grads, captures) in first.items()
+    }
 
 
 def max_abs_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> Optional[float]:
