@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
-from torch._dynamo.utils import counters
 
 
 ENGINES = ("eager", "legacy", "python")
@@ -130,7 +129,6 @@ class BackwardTiming:
     first_s: float
     steady_s: float
     grads: list[torch.Tensor]
-    captures: int
 
 
 def rotation(engines: Sequence[str], rep: int) -> list[str]:
@@ -159,23 +157,20 @@ def time_backwards(
     >>> sorted(timings) == sorted(ENGINES)
     True
     """
-    compilers = {engine: CompilerRecorder(backend) for engine in engines}
-
     def one_backward(engine: str) -> float:
         model.zero_grad(set_to_none=True)
         loss = model(make_input()).pow(2).mean()
-        with backward_engine(engine, compiler_fn=compilers[engine]):
+        with backward_engine(engine, backend):
             start = time.perf_counter()
             loss.backward()
             return time.perf_counter() - start
 
-    first: dict[str, tuple[float, list[torch.Tensor], int]] = {}
+    first_s: dict[str, float] = {}
+    grads: dict[str, list[torch.Tensor]] = {}
     for engine in engines:
-        captures_before = counters["compiled_autograd"]["captures"]
         torch.manual_seed(seed)
-        seconds = one_backward(engine)
-        grads = [p.grad.detach().clone() for p in model.parameters()]
-        first[engine] = (seconds, grads, counters["compiled_autograd"]["captures"] - captures_before)
+        first_s[engine] = one_backward(engine)
+        grads[engine] = [p.grad.detach().clone() for p in model.parameters()]
         one_backward(engine)
         one_backward(engine)
     steady: dict[str, list[float]] = {engine: [] for engine in engines}
@@ -183,10 +178,8 @@ def time_backwards(
         for engine in rotation(engines, rep):
             steady[engine].append(one_backward(engine))
     return {
-        engine: BackwardTiming(
-            first_s=seconds, steady_s=statistics.median(steady[engine]), grads=grads, captures=captures
-        )
-        for engine, (seconds, grads, captures) in first.items()
+        engine: BackwardTiming(first_s[engine], statistics.median(steady[engine]), grads[engine])
+        for engine in engines
     }
 
 
