@@ -45,7 +45,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 BENCH = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
 
-from engines import CaptureTimer, CompilerRecorder, backward_engine, rotation  # noqa: E402
+from engines import CaptureTimer, CompilerRecorder, backward_engine, rotation, timed_backward  # noqa: E402
 import report  # noqa: E402
 from workloads import FULL, MODELS, QUICK, Inputs, Model, count_autograd_nodes  # noqa: E402
 from helpers import backward_memory  # noqa: E402  (test/ is on sys.path through workloads)
@@ -188,15 +188,6 @@ def forward_loss(model: nn.Module, spec: Model, inputs: Inputs) -> Tensor:
     """Clears the gradients (to None) and runs the forward pass: one fresh graph."""
     model.zero_grad(set_to_none=True)
     return spec.loss(model, inputs)
-
-
-def timed_backward(loss: Tensor, engine: str, compiler_fn: Optional[CompilerRecorder]) -> float:
-    """Seconds of ``loss.backward()`` alone on ``engine`` (selecting the
-    engine happens outside the timed region)."""
-    with backward_engine(engine, compiler_fn=compiler_fn):
-        start = time.perf_counter()
-        loss.backward()
-        return time.perf_counter() - start
 
 
 def gradients(model: nn.Module) -> list[Optional[Tensor]]:
