@@ -11,6 +11,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import warnings
 from unittest import mock
 
 import pytest
@@ -509,3 +510,33 @@ def test_inductor_keeps_the_alpha_of_an_add_of_a_matmul(add_with_alpha):
     w, a, b = torch.randn(4, 4), torch.randn(4, 3), torch.randn(3, 4)
     compiled = torch.compile(add_with_alpha, backend="inductor")
     torch.testing.assert_close(compiled(w, a, b), add_with_alpha(w, a, b))
+
+
+def test_a_packed_sequences_backward_breaks_the_graph_only_where_it_reads_batch_sizes():
+    """PackPaddedSequenceBackward0 walks its saved batch_sizes on the host,
+    which FakeTensors cannot: it runs behind a graph break, so Dynamo
+    compiles the GRU's backward before it and the input's accumulation after
+    it, instead of giving up on the whole graph with a warning."""
+    torch.manual_seed(0)
+    gru = torch.nn.GRU(3, 4)
+    padded = torch.nn.utils.rnn.pad_sequence([torch.randn(5, 3), torch.randn(3, 3), torch.randn(2, 3)])
+    padded.requires_grad_()
+
+    def backward():
+        gru.zero_grad(set_to_none=True)
+        padded.grad = None
+        packed = torch.nn.utils.rnn.pack_padded_sequence(padded, [5, 3, 2])
+        out, _ = gru(packed)
+        torch.nn.utils.rnn.pad_packed_sequence(out)[0].pow(2).sum().backward()
+        return [padded.grad] + [p.grad for p in gru.parameters()]
+
+    expected = backward()
+    compiler = CountingCompiler()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="Compiled autograd")
+        with compiled_autograd(compiler):
+            actual = backward()
+    for e, a in zip(expected, actual):
+        assert torch.equal(e, a)
+    assert captures() == 1
+    assert compiler.dynamo_compiles == 2

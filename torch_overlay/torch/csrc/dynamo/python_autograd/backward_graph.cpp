@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/cpp_hook.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/generated/Functions.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/python_function.h>
 #include <torch/csrc/autograd/python_hook.h>
@@ -384,9 +385,21 @@ bool lifts_saved_values(CompiledNodeArgs& args, const Node& fn) {
   }
 }
 
+// Built-in nodes whose formula reads a saved tensor's values on the host,
+// which Dynamo's FakeTensors do not have: _pack_padded_sequence_backward
+// walks batch_sizes. Behind a graph break they run on the real tensors and
+// the rest of the graph still compiles.
+bool reads_saved_values_on_host(const Node& fn) {
+  return typeid(fn) ==
+      typeid(torch::autograd::generated::PackPaddedSequenceBackward0);
+}
+
 NodeKind kind_of(const Node& fn) {
   if (typeid(fn) == typeid(AccumulateGrad)) {
     return NodeKind::kAccumulateGrad;
+  }
+  if (reads_saved_values_on_host(fn)) {
+    return NodeKind::kApplyWithSavedDynamoDisabled;
   }
   if (is_python_function(fn)) {
     if (!backward_callable_in_graph(fn)) {

@@ -34,8 +34,9 @@ using torch::dynamo::autograd::TensorArg;
 enum class NodeKind : uint8_t {
   // apply_with_saved in the graph: Dynamo and AOTAutograd trace through it.
   kApplyWithSaved = 0,
-  // A C++ torch::autograd::Function with is_traceable = false: applied with
-  // its saved values, behind a Dynamo graph break.
+  // A C++ torch::autograd::Function with is_traceable = false, or a built-in
+  // node whose formula reads saved values on the host: applied with its
+  // saved values, behind a Dynamo graph break.
   kApplyWithSavedDynamoDisabled = 1,
   // The node itself runs, behind a graph break: a Python autograd.Function
   // the graph cannot call, or a C++ node without compiled_args.
