@@ -133,13 +133,19 @@ def assert_same(expected: Sequence[Any], actual: Sequence[Any], exact: bool = Tr
             torch.testing.assert_close(a, e)
 
 
+def graphs_run_without_dynamo() -> int:
+    return counters["compiled_autograd"]["graphs_run_without_dynamo"]
+
+
 def check_against_eager(fn, compiler=identity_compiler, exact=True, falls_back=False):
     """``fn``'s results under compiled autograd are eager's. Unless
-    ``falls_back``, no backward ran on the eager engine: a fallback gives
-    eager's results too, so only this check tells it from a compiled run."""
-    fallbacks_before = eager_fallbacks()
+    ``falls_back``, no backward ran on the eager engine and Dynamo gave up on
+    no captured graph: either gives eager's results too, so only these checks
+    tell it from a compiled run."""
+    fallbacks_before, uncompiled_before = eager_fallbacks(), graphs_run_without_dynamo()
     expected, actual = run_eager_and_compiled(fn, compiler)
     assert_same(expected, actual, exact and bit_exact(compiler))
     if not falls_back:
         assert eager_fallbacks() == fallbacks_before, "a backward ran on the eager engine"
+        assert graphs_run_without_dynamo() == uncompiled_before, "Dynamo gave up on a captured graph"
     return actual
