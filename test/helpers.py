@@ -74,6 +74,18 @@ def eager_fallbacks() -> int:
     return counters["compiled_autograd"]["eager_fallbacks"]
 
 
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    """The tensors in ``value``, a tensor or nested lists, tuples and dicts
+    (an op's or a module's sample arguments and outputs)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in tensors_in(item)]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in tensors_in(item)]
+    return []
+
+
 def backward_memory(
     forward: Callable[[], torch.Tensor], backward_context: contextlib.AbstractContextManager
 ) -> tuple[int, int]:

@@ -14,19 +14,9 @@ import pytest
 import torch
 from torch.testing._internal.common_modules import module_db
 
-from helpers import captures, compiled_autograd, dynamo_compiler, eager_fallbacks
+from helpers import captures, compiled_autograd, dynamo_compiler, eager_fallbacks, tensors_in
 
 SAMPLES_PER_MODULE = 3
-
-
-def tensors_in(value):
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for item in value for t in tensors_in(item)]
-    if isinstance(value, dict):
-        return [t for item in value.values() for t in tensors_in(item)]
-    return []
 
 
 def dtype_of(module_info):

@@ -14,19 +14,9 @@ import pytest
 import torch
 from torch.testing._internal.common_methods_invocations import op_db
 
-from helpers import compiled_autograd, dynamo_compiler
+from helpers import compiled_autograd, dynamo_compiler, tensors_in
 
 OPS = [op for op in op_db if op.supports_autograd]
-
-
-def tensors_in(value):
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for item in value for t in tensors_in(item)]
-    if isinstance(value, dict):
-        return [t for item in value.values() for t in tensors_in(item)]
-    return []
 
 
 def gradients(op, sample):
