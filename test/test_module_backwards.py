@@ -1,7 +1,8 @@
-"""Every module in PyTorch's ModuleInfo database, on its first sample inputs
-(training mode, float64 where the module supports it): the backward, captured and compiled by Dynamo with
-aot_eager, gives eager's gradients for the parameters and the inputs, with
-no backward on the eager engine and no graph Dynamo gives up on.
+"""Every module in PyTorch's ModuleInfo database, on its first three sample
+inputs (training mode, float64 where the module supports it): the backward,
+captured and compiled by Dynamo with aot_eager, gives eager's gradients for
+the parameters and the inputs, with no backward on the eager engine and no
+compiled-autograd warning (such as for a graph Dynamo gives up on).
 
 Where test_opinfo_backwards.py checks each op's formula, this checks what
 modules put together around them: parameters, buffers updated in training
