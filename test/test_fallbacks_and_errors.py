@@ -284,6 +284,31 @@ def test_a_zero_tensor_leaf_falls_back_to_eager_with_a_warning():
     check_backward_falls_back_to_eager(fn, "ZeroTensor .*that requires grad")
 
 
+def test_a_leaf_with_the_negative_bit_falls_back_to_eager_with_a_warning():
+    # The graph reads a tensor with the negative bit through a copy that holds
+    # the values the bit stands for (test_semantics.py), but a leaf's gradient
+    # must reach the leaf itself, not the copy.
+    def fn():
+        x = torch.randn(4, dtype=torch.complex128).conj().imag.detach().requires_grad_()
+        y = torch.randn(4, dtype=torch.float64, requires_grad=True)
+        (x * y).sum().backward()
+        return [x.grad, y.grad]
+
+    check_backward_falls_back_to_eager(fn, "negative bit set .*resolve_neg")
+
+
+def test_a_grad_with_the_negative_bit_falls_back_to_eager_with_a_warning():
+    # The accumulation must add into that .grad in place, through its negative
+    # bit, which an Inductor kernel did not see: it gave a wrong .grad.
+    def fn():
+        x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+        x.grad = torch.randn(4, dtype=torch.complex128).conj().imag
+        (x * x).sum().backward()
+        return [x.grad]
+
+    check_backward_falls_back_to_eager(fn, "grad of a leaf .*negative bit set")
+
+
 @torch._dynamo.config.patch(recompile_limit=3)
 def test_a_number_an_op_bakes_in_stops_capturing_at_the_recompile_limit():
     # libtorch puts an op's Scalar argument (leaky_relu's negative_slope) into

@@ -331,6 +331,23 @@ def backward_of_a_primal_unpacked_from_a_dual():
     return [x.grad]
 
 
+def test_a_saved_view_with_the_negative_bit_gives_eager_gradients(compiler):
+    # z.conj().imag is a view whose memory holds the negated values, marked by
+    # its negative bit; mul saves it. An Inductor kernel read that memory
+    # without the bit and negated this gradient (both engines; plain
+    # torch.compile of `x * y` with such an x too), so the graph gets the
+    # values the bit stands for. A gradient passed in can carry the bit too.
+    def fn():
+        z = torch.randn(6, 4, dtype=torch.complex128, requires_grad=True)
+        negated_imag = z.conj().imag
+        y = (negated_imag * z.real).exp()
+        y.backward(torch.randn(6, 4, dtype=torch.complex128).conj().imag)
+        return [z.grad]
+
+    check_against_eager(fn, compiler)
+    assert captures() == 1
+
+
 def test_backward_of_a_primal_unpacked_from_a_forward_ad_dual_is_captured(compiler):
     # unpack_dual gives the primal an Identity node, which has no compiled_args:
     # it runs as itself inside the captured graph. (A backward inside the dual

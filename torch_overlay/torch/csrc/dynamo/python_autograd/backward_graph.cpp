@@ -293,6 +293,14 @@ void collect_accumulate_grad(
         "the .grad of a leaf the backward accumulates into has elements "
         "that share memory (e.g. an expanded tensor), which eager's "
         "in-place accumulation refuses");
+    // The add into .grad reads and writes its memory in a kernel that would
+    // not see the negative bit (as in materialized()), and must write into
+    // the .grad itself, not a copy.
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        !grad.defined() || !grad.is_neg(),
+        "the .grad of a leaf the backward accumulates into has its negative "
+        "bit set (a view such as z.conj().imag was assigned to it); assign "
+        "it t.resolve_neg() to run its backward compiled");
   }
   if (const auto& hook = fn.tensor_post_acc_grad_hooks(); hook != nullptr) {
     lift_hook(args, record, *hook);
@@ -506,17 +514,34 @@ void check_dynamo_takes_as_input(const at::Tensor& t) {
       "(torch._efficientzerotensor) that requires grad, which has no memory "
       "for a compiled kernel to read; give it memory (e.g. torch.zeros) to "
       "run its backward compiled");
+  // materialized() gives the graph the values a negative bit stands for, in a
+  // copy; a leaf's gradient must reach the leaf itself, not the copy.
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !(t.is_neg() && t.is_leaf() && t.requires_grad()),
+      "a tensor the backward reads is a leaf that requires grad and has its "
+      "negative bit set (a view such as z.conj().imag, detached); make the "
+      "leaf from t.resolve_neg() to run its backward compiled");
 }
 
 // Forward AD saves some zeros as ZeroTensors (at::_efficientzerotensor):
 // tensors with no memory behind them, which ATen's ops handle through the
 // ZeroTensor dispatch key, but which an Inductor kernel reads through its
 // null data pointer (a crash). The graph gets real zeros of the same layout.
+// A view with the negative bit set (z.conj().imag saved for backward) holds
+// the negated values in its memory, and an Inductor kernel reads that memory
+// without the bit (plain torch.compile of `x * y` with such an x returns
+// -x * y): the graph gets the values the bit stands for.
 at::Tensor materialized(const at::Tensor& t) {
-  if (!t.defined() || !t._is_zerotensor()) {
+  if (!t.defined()) {
     return t;
   }
-  return at::empty_strided(t.sizes(), t.strides(), t.options()).zero_();
+  if (t._is_zerotensor()) {
+    return at::empty_strided(t.sizes(), t.strides(), t.options()).zero_();
+  }
+  if (t.is_neg()) {
+    return t.resolve_neg();
+  }
+  return t;
 }
 
 // Enough emptied calls for the largest graphs' nodes; beyond it they are
