@@ -224,10 +224,9 @@ class PlainSubclass(torch.Tensor):
 def test_a_tensor_subclass_leaf(compiler, make_leaf):
     """The backward of an eager forward on subclass tensors. AOTAutograd
     (torch 2.13) checks a compiled function's first call under a dispatch
-    mode that refuses tensor subclasses without ``__torch_dispatch__``
+    mode that refused tensor subclasses without ``__torch_dispatch__``
     ("Multiple dispatch failed ... _AnalyzeCustomOpInputOutputMode"), under
-    plain ``torch.compile`` and the legacy engine too; turning that check
-    off is the workaround docs/semantics.md gives."""
+    plain ``torch.compile`` and the legacy engine too (patches/0021)."""
 
     def fn():
         leaf = make_leaf(torch.randn(3))
@@ -236,8 +235,13 @@ def test_a_tensor_subclass_leaf(compiler, make_leaf):
         hidden.sum().backward()
         return [leaf.grad]
 
-    with torch._functorch.config.patch(check_custom_op_aliasing=False):
-        check_against_eager(fn, compiler)
+    check_against_eager(fn, compiler)
+
+
+def test_a_compiled_function_of_a_plain_subclass_runs_on_its_first_call():
+    x = torch.randn(3).as_subclass(PlainSubclass)
+    compiled = torch.compile(lambda t: t * 2, backend="aot_eager")
+    assert_same([x * 2], [compiled(x)])
 
 
 def test_node_pre_and_post_hooks(compiler):
