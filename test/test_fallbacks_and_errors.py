@@ -203,6 +203,23 @@ def test_accumulating_into_an_expanded_grad_raises_eagers_error_without_a_fallba
 
 
 @pytest.mark.parametrize("compiler_name", sorted(COMPILERS))
+def test_accumulating_into_an_inference_tensor_grad_raises_eagers_error_without_a_fallback_warning(
+    compiler_name,
+):
+    # Inductor's kernel added into the inference tensor without a word, where
+    # eager refuses an in-place update of one outside inference mode.
+    x = torch.randn(3, requires_grad=True)
+    with torch.inference_mode():
+        x.grad = torch.ones(3)
+    with compiled_autograd(COMPILERS[compiler_name]), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match="^Inplace update to inference tensor outside InferenceMode"):
+            (x * x).sum().backward()
+    assert fallback_warnings(caught) == []
+    assert captures() == 0
+
+
+@pytest.mark.parametrize("compiler_name", sorted(COMPILERS))
 @pytest.mark.parametrize(
     "hook, message",
     [

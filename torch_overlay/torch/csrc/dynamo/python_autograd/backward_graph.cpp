@@ -1,6 +1,7 @@
 #include <torch/csrc/dynamo/python_autograd/backward_graph.h>
 
 #include <ATen/MemoryOverlap.h>
+#include <c10/core/InferenceMode.h>
 #include <torch/csrc/PyInterpreter.h>
 #include <torch/csrc/autograd/cpp_hook.h>
 #include <torch/csrc/autograd/function.h>
@@ -275,10 +276,12 @@ void collect_hooks(CompiledNodeArgs& args, NodeRecord& record) {
 // variable is lifted here.
 //
 // Eager adds into a .grad in place, and refuses one whose elements share
-// memory (an expanded tensor assigned to .grad). Traced, the same add failed
-// in the backend's compile, with Dynamo's BackendCompilerFailed; raising a
-// c10::Error here runs the backward on the eager engine, which raises its
-// own error.
+// memory (an expanded tensor assigned to .grad), or an inference tensor
+// outside inference mode (a .grad made under torch.inference_mode). Traced,
+// the first add failed in the backend's compile, with Dynamo's
+// BackendCompilerFailed, and Inductor's kernel made the second one without a
+// word; raising a c10::Error here runs the backward on the eager engine,
+// which raises its own error.
 void collect_accumulate_grad(
     CompiledNodeArgs& args,
     NodeRecord& record,
@@ -293,6 +296,12 @@ void collect_accumulate_grad(
         "the .grad of a leaf the backward accumulates into has elements "
         "that share memory (e.g. an expanded tensor), which eager's "
         "in-place accumulation refuses");
+    TORCH_CHECK(
+        !grad.defined() || !grad.is_inference() || grad.is_sparse() ||
+            c10::InferenceMode::is_enabled(),
+        "the .grad of a leaf the backward accumulates into is an inference "
+        "tensor, which eager's in-place accumulation refuses outside "
+        "inference mode");
     // The add into .grad reads and writes its memory in a kernel that would
     // not see the negative bit (as in materialized()), and must write into
     // the .grad itself, not a copy.
