@@ -57,6 +57,24 @@ def test_leaf_grad_accumulates_across_backwards(compiler):
     check_against_eager(fn, compiler)
 
 
+def test_grads_that_are_views_of_one_flat_buffer_accumulate_into_it(compiler):
+    # As DDP's gradient_as_bucket_view leaves them: each parameter's .grad a
+    # disjoint view of one buffer, added into in place.
+    def fn():
+        model = torch.nn.Sequential(torch.nn.Linear(4, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+        flat = torch.zeros(sum(p.numel() for p in model.parameters()))
+        offset = 0
+        for p in model.parameters():
+            p.grad = flat[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+        for _ in range(2):
+            model(torch.randn(3, 4)).pow(2).sum().backward()
+        return [flat] + [p.grad for p in model.parameters()]
+
+    actual = check_against_eager(fn, compiler)
+    assert all(grad.untyped_storage().data_ptr() == actual[0].untyped_storage().data_ptr() for grad in actual[1:])
+
+
 def test_hook_on_non_leaf_with_side_effect_and_new_grad(compiler):
     def fn():
         x = torch.randn(3, requires_grad=True)
