@@ -16,7 +16,7 @@ from torch.fx.experimental.symbolic_shapes import (
     StatelessSymbolicContext,
 )
 
-from helpers import assert_same, dynamo_compiler, run_eager_and_compiled
+from helpers import assert_same, dynamo_compiler, run_eager_and_compiled, weighted_sum
 
 aten = torch.ops.aten
 
@@ -54,8 +54,7 @@ def input_gradient(forward, shape, memory_format):
         x = x.contiguous(memory_format=memory_format)
     x.requires_grad_()
     out = forward(x)
-    weights = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape)
-    (out * weights).sum().backward()
+    weighted_sum(out).backward()
     return [x.grad]
 
 

@@ -17,7 +17,13 @@ import pytest
 import torch
 from torch.testing._internal.common_methods_invocations import op_db
 
-from helpers import compiled_autograd, dynamo_compiler, graphs_run_without_dynamo, tensors_in
+from helpers import (
+    compiled_autograd,
+    dynamo_compiler,
+    graphs_run_without_dynamo,
+    tensors_in,
+    weighted_sum,
+)
 
 OPS = [op for op in op_db if op.supports_autograd]
 COMPLEX_OPS = [op for op in OPS if torch.complex128 in op.supported_backward_dtypes("cpu")]
@@ -25,16 +31,6 @@ COMPLEX_OPS = [op for op in OPS if torch.complex128 in op.supported_backward_dty
 
 def op_ids(ops):
     return [f"{op.name}.{op.variant_test_name}".rstrip(".") for op in ops]
-
-
-def weighted_sum(output):
-    """A sum of ``output``'s elements with distinct weights, so that no
-    gradient is all ones; a complex output's imaginary parts get other
-    weights than its real parts."""
-    weights = torch.linspace(-1, 1, output.numel(), dtype=output.real.dtype).reshape(output.shape)
-    if not output.is_complex():
-        return (output * weights).sum()
-    return (output.real * weights).sum() + (output.imag * weights.flip(-1) if output.dim() else output.imag).sum()
 
 
 def gradients(op, sample):
